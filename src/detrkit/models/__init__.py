@@ -1,0 +1,1 @@
+"""Detector networks, their builders and checkpoint handling."""

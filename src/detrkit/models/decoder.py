@@ -1,0 +1,84 @@
+"""Post-norm deformable decoder: group-restricted self-attention, cross-attention, FFN."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from detrkit.models.deform_attn import MSDeformAttn
+from detrkit.models.mlp import MLP
+from detrkit.ops.position import box_sine_embedding
+
+
+class SelfAttention(nn.Module):
+    """Multi-head attention with `nn.MultiheadAttention`'s parameter names, on SDPA."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * dim))
+        self.out_proj = nn.Linear(dim, dim)
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def forward(self, query_key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """query_key (B, L, D) feeds queries and keys; value (B, L, D)."""
+        batch, length, dim = value.shape
+        w, b = self.in_proj_weight, self.in_proj_bias
+        qk = F.linear(query_key, w[: 2 * dim], b[: 2 * dim]).view(batch, length, 2, self.heads, -1)
+        v = F.linear(value, w[2 * dim:], b[2 * dim:]).view(batch, length, self.heads, -1)
+        q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, L, head_dim)
+        out = F.scaled_dot_product_attention(q, k, v.transpose(1, 2))
+        return self.out_proj(out.transpose(1, 2).reshape(batch, length, dim))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, dim: int, sa_heads: int, ca_heads: int, levels: int, points: int, ffn_dim: int) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(dim, sa_heads)
+        self.norm1 = nn.LayerNorm(dim)
+        self.cross_attn = MSDeformAttn(dim, levels, ca_heads, points)
+        self.linear1 = nn.Linear(dim, ffn_dim)
+        self.linear2 = nn.Linear(ffn_dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.norm3 = nn.LayerNorm(dim)
+
+    def forward(self, tgt: torch.Tensor, query_pos: torch.Tensor, reference: torch.Tensor,
+                memory: torch.Tensor, shapes: list[tuple[int, int]], padding: torch.Tensor | None,
+                groups: int) -> torch.Tensor:
+        batch, queries, dim = tgt.shape
+        with_pos = tgt + query_pos
+        # Group DETR: (B, G*N, D) -> (B*G, N, D) so queries attend only within their group.
+        grouped = (batch * groups, queries // groups, dim)
+        attn = self.self_attn(with_pos.reshape(grouped), tgt.reshape(grouped)).reshape(batch, queries, dim)
+        tgt = self.norm1(tgt + attn)
+        tgt = self.norm2(tgt + self.cross_attn(tgt + query_pos, reference, memory, shapes, padding))
+        return self.norm3(tgt + self.linear2(F.relu(self.linear1(tgt))))
+
+
+class Decoder(nn.Module):
+    """Runs every layer against one fixed set of reference boxes (lite reference refinement)."""
+
+    def __init__(self, dim: int, num_layers: int, sa_heads: int, ca_heads: int, levels: int,
+                 points: int, ffn_dim: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            DecoderLayer(dim, sa_heads, ca_heads, levels, points, ffn_dim) for _ in range(num_layers))
+        self.norm = nn.LayerNorm(dim)
+        self.ref_point_head = MLP(2 * dim, dim, dim, 2)
+
+    def forward(self, tgt: torch.Tensor, reference: torch.Tensor, memory: torch.Tensor,
+                shapes: list[tuple[int, int]], padding: torch.Tensor | None,
+                valid_ratios: torch.Tensor, groups: int) -> torch.Tensor:
+        """tgt (B, Q, D); reference (B, Q, 4); valid_ratios (B, levels, 2) as (w, h).
+        Returns the normed output of every layer, (layers, B, Q, D)."""
+        ratios = valid_ratios.repeat(1, 1, 2)[:, None]  # (B, 1, levels, 4) as (w, h, w, h)
+        scaled = reference[:, :, None] * ratios  # (B, Q, levels, 4)
+        query_pos = self.ref_point_head(box_sine_embedding(scaled[:, :, 0], tgt.shape[-1] // 2))
+        outputs = []
+        for layer in self.layers:
+            tgt = layer(tgt, query_pos, scaled, memory, shapes, padding, groups)
+            outputs.append(self.norm(tgt))
+        return torch.stack(outputs)

@@ -1,0 +1,52 @@
+"""The detector network: backbone, two-stage transformer and heads, in checkpoint layout."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from detrkit.models.backbone import Backbone
+from detrkit.models.heads.box import build_box_head, build_class_head
+from detrkit.models.two_stage import Transformer, flatten_levels
+from detrkit.ops.boxes import apply_box_delta
+from detrkit.structures import DetectorOutput
+
+
+class Detector(nn.Module):
+    """Group DETR detector: `groups` query groups while training, the first one in eval.
+
+    Attribute names follow the published RF-DETR checkpoints (`backbone.0`, `class_embed`, ...).
+    """
+
+    def __init__(self, backbone: Backbone, transformer: Transformer, *, num_logits: int,
+                 num_queries: int, groups: int, dim: int) -> None:
+        super().__init__()
+        self.num_queries = num_queries
+        self.groups = groups
+        # keypoint schema of keypoint models; empty for detection (kept for checkpoint layout)
+        self.register_buffer("_kp_active_mask", torch.zeros(0, 0, dtype=torch.bool))
+        self.transformer = transformer
+        self.class_embed = build_class_head(dim, num_logits)
+        self.bbox_embed = build_box_head(dim)
+        transformer.attach_encoder_heads(self.class_embed, self.bbox_embed, groups)
+        self.refpoint_embed = nn.Embedding(num_queries * groups, 4)
+        nn.init.zeros_(self.refpoint_embed.weight)
+        self.query_feat = nn.Embedding(num_queries * groups, dim)
+        self.backbone = nn.ModuleList([backbone])  # index 0 in checkpoint keys
+
+    @property
+    def num_classes(self) -> int:
+        return self.class_embed.out_features - 1
+
+    def forward(self, pixels: torch.Tensor, padding: torch.Tensor | None = None) -> DetectorOutput:
+        """pixels (B, C, H, W) normalised; padding (B, H, W) True on padded pixels, or None."""
+        groups = self.groups if self.training else 1
+        rows = self.num_queries * groups
+        levels, masks = self.backbone[0](pixels, padding)
+        out = self.transformer(flatten_levels(levels, masks), self.query_feat.weight[:rows],
+                               self.refpoint_embed.weight[:rows], groups)
+        logits = self.class_embed(out.hidden)  # (layers, B, Q, C)
+        boxes = apply_box_delta(self.bbox_embed(out.hidden), out.reference)  # (layers, B, Q, 4)
+        aux = [DetectorOutput(logits[i], boxes[i]) for i in range(len(logits) - 1)]
+        enc = DetectorOutput(out.enc_logits, out.enc_boxes)
+        return DetectorOutput(logits[-1], boxes[-1], aux_outputs=aux, enc_outputs=enc)

@@ -1,0 +1,1 @@
+"""Prediction heads applied to decoder outputs."""

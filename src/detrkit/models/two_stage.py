@@ -1,0 +1,134 @@
+"""Two-stage transformer: per-group top-k proposals from the memory seed the decoder's boxes."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from detrkit.models.decoder import Decoder
+from detrkit.models.deform_attn import MSDeformAttn
+from detrkit.models.mlp import MLP
+from detrkit.ops.boxes import apply_box_delta
+
+
+@dataclass
+class FlatMemory:
+    """Pyramid levels flattened into one sequence, with what attention needs to read it."""
+
+    tokens: torch.Tensor  # (B, Len, D)
+    padding: torch.Tensor | None  # (B, Len) True where padded; None when nothing is
+    shapes: list[tuple[int, int]]
+    valid_sizes: torch.Tensor  # (B, levels, 2) unpadded extent in cells, as (w, h)
+
+    @property
+    def valid_ratios(self) -> torch.Tensor:
+        sizes = torch.tensor([(w, h) for h, w in self.shapes], device=self.tokens.device)
+        return self.valid_sizes / sizes  # (B, levels, 2)
+
+
+@dataclass
+class TransformerOutput:
+    hidden: torch.Tensor  # (layers, B, Q, D) normed decoder outputs
+    reference: torch.Tensor  # (B, Q, 4) cxcywh boxes every layer refines from
+    enc_logits: torch.Tensor  # (B, G*k, C) class logits of the selected proposals
+    enc_boxes: torch.Tensor  # (B, G*k, 4)
+    enc_features: torch.Tensor  # (B, G*k, D) the selected, projected memory
+
+
+def flatten_levels(levels: list[torch.Tensor], masks: list[torch.Tensor] | None) -> FlatMemory:
+    """levels: (B, D, h, w) maps; masks: matching (B, h, w) bool padding masks or None."""
+    shapes = [(level.shape[-2], level.shape[-1]) for level in levels]
+    tokens = torch.cat([level.flatten(2).transpose(1, 2) for level in levels], dim=1)
+    batch, device = tokens.shape[0], tokens.device
+    if masks is None:
+        sizes = torch.tensor([(w, h) for h, w in shapes], device=device, dtype=torch.float32)
+        return FlatMemory(tokens, None, shapes, sizes.expand(batch, -1, -1))
+    # unpadded rows counted down column 0, unpadded columns along row 0
+    sizes = [torch.stack(((~m[:, 0, :]).sum(1), (~m[:, :, 0]).sum(1)), -1) for m in masks]
+    padding = torch.cat([mask.flatten(1) for mask in masks], dim=1)
+    return FlatMemory(tokens, padding, shapes, torch.stack(sizes, 1).float())
+
+
+def grid_proposals(memory: FlatMemory) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fixed-size boxes centred on every memory cell: (B, Len, 4) cxcywh, and (B, Len) validity."""
+    device, batch = memory.tokens.device, memory.tokens.shape[0]
+    proposals = []
+    for level, (height, width) in enumerate(memory.shapes):
+        ys, xs = torch.meshgrid(torch.arange(height, device=device, dtype=torch.float32),
+                                torch.arange(width, device=device, dtype=torch.float32), indexing="ij")
+        extent = memory.valid_sizes[:, level].view(batch, 1, 1, 2)  # (w, h) in cells
+        centres = (torch.stack((xs, ys), -1)[None] + 0.5) / extent  # (B, h, w, 2)
+        size = torch.full_like(centres, 0.05 * 2.0**level)
+        proposals.append(torch.cat((centres, size), -1).view(batch, -1, 4))
+    proposals = torch.cat(proposals, 1)
+    valid = ((proposals > 0.01) & (proposals < 0.99)).all(-1)
+    if memory.padding is not None:
+        valid &= ~memory.padding
+    return proposals.masked_fill(~valid[..., None], 0.0), valid
+
+
+class Transformer(nn.Module):
+    def __init__(self, *, dim: int, num_layers: int, sa_heads: int, ca_heads: int, levels: int,
+                 points: int, ffn_dim: int, groups: int, num_queries: int) -> None:
+        super().__init__()
+        self.num_queries = num_queries
+        self.decoder = Decoder(dim, num_layers, sa_heads, ca_heads, levels, points, ffn_dim)
+        self.enc_output = nn.ModuleList(nn.Linear(dim, dim) for _ in range(groups))
+        self.enc_output_norm = nn.ModuleList(nn.LayerNorm(dim) for _ in range(groups))
+        for parameter in self.parameters():
+            if parameter.dim() > 1:
+                nn.init.xavier_uniform_(parameter)
+        for module in self.modules():
+            if isinstance(module, MSDeformAttn):
+                module.reset_parameters()
+        self._proposal_cache: tuple | None = None
+        self.enc_out_bbox_embed: nn.ModuleList | None = None
+        self.enc_out_class_embed: nn.ModuleList | None = None
+
+    def attach_encoder_heads(self, class_head: nn.Linear, box_head: MLP, groups: int) -> None:
+        """Give each group its own copy of the detection heads for scoring proposals."""
+        self.enc_out_bbox_embed = nn.ModuleList(copy.deepcopy(box_head) for _ in range(groups))
+        self.enc_out_class_embed = nn.ModuleList(copy.deepcopy(class_head) for _ in range(groups))
+
+    def _proposals(self, memory: FlatMemory) -> tuple[torch.Tensor, torch.Tensor]:
+        """Grid proposals, cached per level shapes when nothing is padded."""
+        if memory.padding is not None:
+            return grid_proposals(memory)
+        key = (tuple(memory.shapes), memory.tokens.device)
+        if self._proposal_cache is None or self._proposal_cache[0] != key:
+            single = FlatMemory(memory.tokens[:1], None, memory.shapes, memory.valid_sizes[:1])
+            self._proposal_cache = (key, grid_proposals(single))
+        proposals, valid = self._proposal_cache[1]
+        batch = memory.tokens.shape[0]
+        return proposals.expand(batch, -1, -1), valid.expand(batch, -1)
+
+    def forward(self, memory: FlatMemory, query_feat: torch.Tensor, refpoint: torch.Tensor,
+                groups: int) -> TransformerOutput:
+        """query_feat (G*N, D) and refpoint (G*N, 4) learned rows for the active groups."""
+        proposals, valid = self._proposals(memory)
+        masked_memory = memory.tokens.masked_fill(~valid[..., None], 0.0)
+        k = min(self.num_queries, memory.tokens.shape[1])
+        features, logits, boxes = [], [], []
+        for group in range(groups):
+            projected = self.enc_output_norm[group](self.enc_output[group](masked_memory))
+            scores = self.enc_out_class_embed[group](projected)  # (B, Len, C)
+            top = scores.max(-1).values.topk(k, dim=1).indices  # (B, k)
+            chosen = projected.gather(1, top[..., None].expand(-1, -1, projected.shape[-1]))
+            anchors = proposals.gather(1, top[..., None].expand(-1, -1, 4))
+            features.append(chosen)
+            logits.append(scores.gather(1, top[..., None].expand(-1, -1, scores.shape[-1])))
+            boxes.append(apply_box_delta(self.enc_out_bbox_embed[group](chosen), anchors))
+        enc_boxes = torch.cat(boxes, 1)  # (B, G*k, 4)
+        batch = enc_boxes.shape[0]
+        selected = enc_boxes.shape[1]
+        learned = refpoint[None].expand(batch, -1, -1)
+        reference = apply_box_delta(learned[:, :selected], enc_boxes.detach())
+        if selected < refpoint.shape[0]:  # memory shorter than the query count
+            reference = torch.cat((reference, learned[:, selected:]), 1)
+        tgt = query_feat[None].expand(batch, -1, -1)
+        hidden = self.decoder(tgt, reference, memory.tokens, memory.shapes, memory.padding,
+                              memory.valid_ratios, groups)
+        return TransformerOutput(hidden, reference, torch.cat(logits, 1), enc_boxes, torch.cat(features, 1))

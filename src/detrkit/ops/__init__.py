@@ -1,0 +1,1 @@
+"""Pure tensor math shared by models, losses and evaluation."""

@@ -1,0 +1,42 @@
+"""Typed containers passed between packages; model outputs also read as mappings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+
+@dataclass
+class DetectorOutput(Mapping):
+    """Predictions of one output layer; `out.pred_logits` and `out["pred_logits"]` both work.
+
+    pred_logits (B, Q, C) raw class logits, C = num_classes + 1; pred_boxes (B, Q, 4)
+    normalised cxcywh. The final layer also carries the auxiliary decoder layers (first to
+    second-to-last) and the two-stage encoder proposals. Absent (None) entries are not keys.
+    """
+
+    pred_logits: torch.Tensor
+    pred_boxes: torch.Tensor
+    aux_outputs: list[DetectorOutput] | None = None
+    enc_outputs: DetectorOutput | None = None
+    extras: dict[str, Any] = field(default_factory=dict)  # optional heads: pred_masks, ...
+
+    def _items(self) -> dict[str, Any]:
+        present = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extras"}
+        present.update(self.extras)
+        return {k: v for k, v in present.items() if v is not None}
+
+    def __getitem__(self, key: str) -> Any:
+        items = self._items()
+        if key not in items:
+            raise KeyError(f"{key!r} is not among the model outputs {sorted(items)}")
+        return items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items())
+
+    def __len__(self) -> int:
+        return len(self._items())
