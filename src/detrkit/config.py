@@ -70,7 +70,7 @@ class ModelConfig(_Strict):
     amp: bool = True
     num_channels: int = Field(3, ge=1)
     num_classes: int = Field(90, ge=1)
-    pretrain_weights: str | None = "rf-detr-nano.pth"
+    pretrain_weights: str | None = None
     device: str = Field(default_factory=default_device)
     resolution: int = Field(384, ge=1)
     group_detr: int = Field(13, ge=1)

@@ -99,6 +99,8 @@ def download_weights(name: str) -> Path:
             )
         os.replace(part, target)  # atomic: the final name never holds a partial file
     except _NETWORK_ERRORS as err:
+        if isinstance(err, urllib.error.HTTPError):
+            err.close()  # an HTTPError holds the server's open response
         raise WeightsDownloadError(
             f"could not download {url} ({err}); looked for it in the cache at {target}. {go_on}"
         ) from err

@@ -1,0 +1,1 @@
+"""Data: dataset readers, image conversion and transforms."""

@@ -1,0 +1,133 @@
+"""RFDETR: the user-facing model object; builds, loads and runs the detector, delegating the work."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import supervision as sv
+import torch
+
+from detrkit.config import ModelConfig
+from detrkit.datasets.coco_categories import COCO_CATEGORIES
+from detrkit.datasets.images import BatchPreparer, ImageInput, to_tensor
+from detrkit.models.build import build_model
+from detrkit.models.download import resolve_weights
+from detrkit.models.postprocess import top_detections
+from detrkit.models.weights import Checkpoint, load_weights, read_checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+class RFDETR:
+    """A detector with its config. `RFDETRNano(...)` and friends are presets of this class.
+
+    Keyword arguments are ModelConfig fields; unknown ones raise pydantic's ValidationError.
+    """
+
+    config_class: ClassVar[type[ModelConfig]] = ModelConfig
+
+    def __init__(self, **kwargs: Any) -> None:
+        config = self.config_class(**kwargs)
+        checkpoint = read_checkpoint(resolve_weights(config.pretrain_weights)) if config.pretrain_weights else None
+        if checkpoint is not None and "num_classes" not in config.model_fields_set:
+            config = config.model_copy(update={"num_classes": checkpoint.num_logits - 1})
+        _check_acceleration(config)
+        self.model_config = config
+        self.model = build_model(config)
+        self.class_names: list[str] | None = None
+        if checkpoint is not None:
+            load_weights(self.model, checkpoint)
+            self.class_names = checkpoint.class_names
+        self.model.to(config.device).eval()
+        self._preparers: dict[tuple[int, int], BatchPreparer] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.model_config.device)
+
+    def predict(self, images: ImageInput | Sequence[ImageInput], threshold: float = 0.5,
+                shape: tuple[int, int] | None = None) -> sv.Detections | list[sv.Detections]:
+        """Detect objects; one `supervision.Detections` per image (a list for list input).
+
+        Images are paths, PIL images, HWC uint8 arrays or CHW float tensors in [0, 1]; all are
+        resized to `shape` (default: the model resolution) and run as one batch.
+        """
+        single = not isinstance(images, (list, tuple))
+        items = [images] if single else list(images)
+        tensors = [to_tensor(image, self.model_config.num_channels) for image in items]
+        sizes = torch.tensor([t.shape[-2:] for t in tensors])
+        with torch.inference_mode():
+            self.model.eval()
+            outputs = self.model(self._preparer(shape)(tensors))
+            results = top_detections(outputs.pred_logits, outputs.pred_boxes, sizes.to(self.device),
+                                     self.model_config.num_select)
+        detections = [self._to_detections(r, threshold, tuple(s.tolist())) for r, s in zip(results, sizes)]
+        return detections[0] if single else detections
+
+    def _preparer(self, shape: tuple[int, int] | None) -> BatchPreparer:
+        size = tuple(shape) if shape else (self.model_config.resolution,) * 2
+        block = self.model_config.block_size
+        if len(size) != 2 or any(side <= 0 or side % block for side in size):
+            raise ValueError(f"shape={shape} must be two positive sides divisible by {block}")
+        if size not in self._preparers:
+            self._preparers[size] = BatchPreparer(size, self.model_config.num_channels, self.device)
+        return self._preparers[size]
+
+    def _to_detections(self, result: dict[str, torch.Tensor], threshold: float,
+                       source_shape: tuple[int, int]) -> sv.Detections:
+        keep = result["scores"] > threshold
+        class_id = result["labels"][keep].cpu().numpy()
+        detections = sv.Detections(
+            xyxy=result["boxes"][keep].float().cpu().numpy(),
+            confidence=result["scores"][keep].float().cpu().numpy(),
+            class_id=class_id)
+        detections.data["class_name"] = np.array([self.class_name(int(c)) for c in class_id], dtype=object)
+        detections.data["source_shape"] = np.array([source_shape] * len(class_id)).reshape(-1, 2)
+        return detections
+
+    def class_name(self, class_id: int) -> str:
+        """Name of a predicted class id (COCO ids for COCO-pretrained heads)."""
+        num_classes = self.model.num_classes
+        if class_id == num_classes:
+            return "__background__"
+        names = self.class_names
+        if names is None or (num_classes > len(names) and set(names) == set(COCO_CATEGORIES.values())):
+            if num_classes == 90:
+                return COCO_CATEGORIES.get(class_id, str(class_id))
+            return str(class_id)
+        return names[class_id] if class_id < len(names) else str(class_id)
+
+    def train(self, **kwargs: Any) -> None:
+        raise NotImplementedError("training (model.train) is not available in this version of detrkit yet")
+
+
+def _check_acceleration(config: ModelConfig) -> None:
+    """compile and cuda_graphs only ever act on CUDA training; say so once, up front."""
+    for name in ("compile", "cuda_graphs"):
+        if not getattr(config, name):
+            continue
+        if torch.device(config.device).type != "cuda":
+            logger.info("%s=True is disabled: it only applies to CUDA training", name)
+        else:
+            raise NotImplementedError(f"{name}=True (CUDA training acceleration) is not available in detrkit yet")
+
+
+def from_checkpoint(path: str, **overrides: Any) -> RFDETR:
+    """Rebuild the model class and config a checkpoint was saved with, weights loaded."""
+    from detrkit.variants import model_class_for
+
+    checkpoint = read_checkpoint(path)
+    saved = checkpoint.model_config or checkpoint.args
+    if not saved:
+        raise ValueError(f"{path} holds no model config or args to rebuild the model from; "
+                         "load it with pretrain_weights= on the right model class instead")
+    cls = model_class_for(checkpoint, path)
+    fields = set(cls.config_class.model_fields) - {"device", "pretrain_weights"}
+    kwargs = {k: v for k, v in saved.items() if k in fields}
+    kwargs["num_classes"] = checkpoint.num_logits - 1
+    kwargs.update(overrides)
+    kwargs["pretrain_weights"] = str(checkpoint.path)
+    return cls(**kwargs)

@@ -1,0 +1,67 @@
+"""Detector behaviour: group 0 equals eval, outputs as mappings, padding and non-square input."""
+
+import pytest
+import torch
+
+from detrkit.config import ModelConfig
+from detrkit.models.build import build_model
+
+
+@pytest.fixture
+def detector(tiny_kwargs):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**tiny_kwargs))
+    with torch.no_grad():  # no zero-initialised layer may hide a difference
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def test_eval_outputs_shapes_and_mapping_access(detector):
+    out = detector.eval()(torch.randn(2, 3, 64, 64))
+    assert out["pred_logits"].shape == (2, 12, 6)
+    assert out.pred_boxes.shape == (2, 12, 4)
+    assert set(out) == {"pred_logits", "pred_boxes", "aux_outputs", "enc_outputs"}
+    assert len(out["aux_outputs"]) == 1 and out["aux_outputs"][0]["pred_logits"].shape == (2, 12, 6)
+    assert out["enc_outputs"]["pred_boxes"].shape == (2, 12, 4)
+    with pytest.raises(KeyError, match="pred_masks"):
+        out["pred_masks"]
+
+
+def test_training_group_zero_equals_eval(detector):
+    pixels = torch.randn(2, 3, 64, 64)
+    train = detector.train()(pixels)
+    assert train.pred_logits.shape == (2, 36, 6)
+    assert train.enc_outputs.pred_logits.shape == (2, 36, 6)
+    with torch.no_grad():
+        evaluated = detector.eval()(pixels)
+    assert torch.equal(train.pred_logits[:, :12], evaluated.pred_logits)
+    assert torch.equal(train.pred_boxes[:, :12], evaluated.pred_boxes)
+
+
+def test_images_in_a_batch_are_independent(detector):
+    detector.eval()
+    pixels = torch.randn(3, 3, 64, 64)
+    with torch.no_grad():
+        batched = detector(pixels)
+        alone = detector(pixels[1:2])
+    torch.testing.assert_close(batched.pred_logits[1:2], alone.pred_logits, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_mask_changes_proposals_only_of_padded_image(detector):
+    detector.eval()
+    pixels = torch.randn(2, 3, 64, 96)
+    padding = torch.zeros(2, 64, 96, dtype=torch.bool)
+    padding[1, :, 64:] = True  # image 1 is 64x64 padded to 64x96
+    with torch.no_grad():
+        masked = detector(pixels, padding)
+        plain = detector(pixels)
+    torch.testing.assert_close(masked.pred_logits[0], plain.pred_logits[0])
+    assert not torch.allclose(masked.pred_logits[1], plain.pred_logits[1])
+
+
+def test_non_square_input_runs_with_resized_positions(detector):
+    with torch.no_grad():
+        out = detector.eval()(torch.randn(1, 3, 64, 128))
+    assert out.pred_logits.shape == (1, 12, 6)
+    assert torch.isfinite(out.pred_boxes).all()

@@ -1,0 +1,65 @@
+"""ModelConfig validation: unknown keys, derived fields, divisibility, warnings."""
+
+import warnings
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from detrkit import RFDETRNano, RFDETRSmall
+from detrkit.config import ModelConfig, PretrainWeightsCompatibilityWarning
+from detrkit.variants import RFDETRMediumConfig, RFDETRNanoConfig
+
+
+def test_unknown_keyword_is_rejected_with_its_name():
+    with pytest.raises(ValidationError, match="resolutoin"):
+        RFDETRNanoConfig(resolutoin=640, pretrain_weights=None)
+    with pytest.raises(ValidationError, match="gradient_accumulation"):
+        RFDETRNano(pretrain_weights=None, gradient_accumulation=2)
+
+
+def test_assignment_is_validated():
+    config = RFDETRNanoConfig(pretrain_weights=None)
+    with pytest.raises(ValidationError):
+        config.dec_layers = "many"
+
+
+def test_resolution_sets_position_grid_unless_given():
+    assert RFDETRMediumConfig(pretrain_weights=None, resolution=640).positional_encoding_size == 40
+    assert RFDETRMediumConfig(pretrain_weights=None).positional_encoding_size == 36
+    assert RFDETRMediumConfig(pretrain_weights=None, resolution=640,
+                              positional_encoding_size=36).positional_encoding_size == 36
+
+
+def test_resolution_must_divide_into_windows():
+    with pytest.raises(ValidationError, match="divisible by patch_size\\*num_windows=32"):
+        RFDETRNanoConfig(pretrain_weights=None, resolution=400)
+
+
+def test_device_is_normalised():
+    assert RFDETRNanoConfig(pretrain_weights=None, device=torch.device("cpu")).device == "cpu"
+    assert RFDETRNanoConfig(pretrain_weights=None, device="cuda:0").device == "cuda:0"
+
+
+def test_random_weights_and_architecture_changes_warn():
+    with pytest.warns(PretrainWeightsCompatibilityWarning, match="random weights"):
+        RFDETRNanoConfig(pretrain_weights=None)
+    with pytest.warns(PretrainWeightsCompatibilityWarning, match="dec_layers"):
+        RFDETRNanoConfig(dec_layers=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        RFDETRNanoConfig()  # the published defaults themselves do not warn
+        ModelConfig()  # a custom model has no published weights to differ from
+
+
+def test_unavailable_features_raise_not_implemented(tiny_kwargs):
+    with pytest.raises(NotImplementedError, match="segmentation"):
+        RFDETRNano(**tiny_kwargs, segmentation_head=True)
+    with pytest.raises(NotImplementedError, match="two_stage"):
+        RFDETRSmall(**tiny_kwargs, two_stage=False)
+
+
+def test_compile_on_cpu_is_disabled_with_a_log_line(tiny_kwargs, caplog):
+    with caplog.at_level("INFO", logger="detrkit"):
+        RFDETRNano(**tiny_kwargs, compile=True)
+    assert "compile=True is disabled" in caplog.text
