@@ -40,6 +40,8 @@ def to_tensor(image: ImageInput, channels: int = 3) -> torch.Tensor:
             image = image[:, :, None]
         if image.ndim != 3 or image.dtype != np.uint8:
             raise ValueError(f"arrays must be HWC uint8 images, got shape {image.shape} dtype {image.dtype}")
+        if not image.flags.writeable:  # e.g. np.asarray(PIL image); torch wants writable memory
+            image = image.copy()
         tensor = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
     elif isinstance(image, torch.Tensor):
         tensor = image

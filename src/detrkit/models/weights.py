@@ -111,7 +111,7 @@ def fit_weights(checkpoint: Checkpoint, model: torch.nn.Module) -> dict[str, tor
         if _is_class_head(key) and value.shape[0] != num_logits:
             weights[key] = tile_rows(value, num_logits)
     for key in _QUERY_KEYS:
-        if key in weights and key in target:
+        if key in weights and key in target and weights[key].shape[1:] == target[key].shape[1:]:
             weights[key] = _fit_query_rows(weights[key], target[key], checkpoint.args)
     if _POSITION_KEY in weights and _POSITION_KEY in target:
         weights[_POSITION_KEY] = resize_position_embeddings(weights[_POSITION_KEY], target[_POSITION_KEY].shape[1])
