@@ -89,16 +89,15 @@ class RFDETR:
         return detections
 
     def class_name(self, class_id: int) -> str:
-        """Name of a predicted class id (COCO ids for COCO-pretrained heads)."""
-        num_classes = self.model.num_classes
+        """Name of a predicted class id: raw COCO ids for COCO-pretrained heads, else an index
+        into class_names, whose extra last slot is the background."""
+        num_classes, names = self.model.num_classes, self.class_names
+        coco_head = num_classes == 90 and (names is None or set(names) == set(COCO_CATEGORIES.values()))
+        if coco_head:
+            return COCO_CATEGORIES.get(class_id, str(class_id))
         if class_id == num_classes:
             return "__background__"
-        names = self.class_names
-        if names is None or (num_classes > len(names) and set(names) == set(COCO_CATEGORIES.values())):
-            if num_classes == 90:
-                return COCO_CATEGORIES.get(class_id, str(class_id))
-            return str(class_id)
-        return names[class_id] if class_id < len(names) else str(class_id)
+        return names[class_id] if names is not None and class_id < len(names) else str(class_id)
 
     def train(self, **kwargs: Any) -> None:
         raise NotImplementedError("training (model.train) is not available in this version of detrkit yet")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import pickle
+import re
 import types
 from pathlib import Path
 
@@ -24,6 +25,8 @@ CLASS_HEAD_KEYS = ["class_embed.weight", "class_embed.bias"] + [
     f"transformer.enc_out_class_embed.{g}.{p}" for g in range(3) for p in ("weight", "bias")
 ]
 NAMES = ["cat", "dog", "fox", "owl", "eel"]
+# fit_weights guesses the model's group count from its row count (weights._model_groups) instead
+# of reading model.groups, so any model whose group count differs from the file's gets wrong rows.
 
 
 def tiny(kwargs: dict, seed: int = 0, **changes) -> RFDETRNano:
@@ -187,7 +190,7 @@ def test_arbitrary_classes_are_refused_without_unpickling(tiny_kwargs, tmp_path,
 def test_plain_pickle_of_a_class_is_refused(tmp_path):
     marker = tmp_path / "marker.txt"
     path = tmp_path / "plain.pkl"
-    path.write_bytes(pickle.dumps({"model": {}, "args": ReducesToCall(marker)}))
+    path.write_bytes(pickle.dumps({"model": {}, "args": ReducesToCall(marker)}, protocol=2))
     with pytest.raises(CheckpointError, match=str(path)):
         read_checkpoint(path)
     assert not marker.exists()
@@ -268,7 +271,7 @@ def test_different_patch_size_is_refused_by_name(tiny_kwargs, tmp_path):
     with pytest.raises(CheckpointError, match="patch size") as info:
         load(tiny_kwargs, path)
     assert str(path) in str(info.value)
-    assert "16" in str(info.value) and "8" in str(info.value)
+    assert re.search(r"\b8\b", str(info.value)) and re.search(r"\b16\b", str(info.value))
 
 
 def test_checkpoint_lacking_most_tensors_is_another_architecture(tiny_kwargs, tmp_path):
@@ -290,7 +293,7 @@ def test_a_few_missing_or_unexpected_tensors_warn_and_load_the_rest(tiny_kwargs,
     assert "extra_head.weight" in str(record[0].message)
     got = loaded.model.state_dict()
     assert torch.equal(got["class_embed.weight"], state["class_embed.weight"])
-    assert not torch.equal(got["bbox_embed.layers.2.bias"], source.model.state_dict()["bbox_embed.layers.2.bias"])
+    assert torch.equal(got["bbox_embed.layers.2.bias"], torch.zeros(4))  # its initial value
 
 
 def test_missing_kp_active_mask_loads_without_warning(tiny_kwargs, tmp_path, recwarn):
@@ -350,7 +353,12 @@ def group_rows(table: torch.Tensor, groups: int) -> torch.Tensor:
     return table.reshape(groups, -1, table.shape[-1])
 
 
-@pytest.mark.parametrize("queries, groups", [(6, 3), (12, 2), (6, 2), (12, 1), (4, 1), (16, 3), (12, 4)])
+@pytest.mark.parametrize("queries, groups", [
+    (6, 3), (16, 3),
+    (12, 2), (6, 2),
+    (12, 1), (4, 1),
+    (12, 4),
+])
 def test_query_rows_are_sliced_group_by_group(tiny_kwargs, tmp_path, queries, groups):
     source = tiny(tiny_kwargs)  # 12 queries x 3 groups
     path = save_published(source, tmp_path / "w.pth", num_queries=12, group_detr=3)
@@ -373,7 +381,7 @@ def test_query_rows_fall_back_to_a_flat_slice_without_group_layout(tiny_kwargs, 
         assert torch.equal(got[key], saved[key][:12])
 
 
-def test_fewer_queries_reproduce_the_first_queries_of_the_source(tiny_kwargs, tmp_path):
+def test_fewer_groups_reproduce_the_source_outputs(tiny_kwargs, tmp_path):
     source = tiny(tiny_kwargs)
     path = save_published(source, tmp_path / "w.pth", num_queries=12, group_detr=3)
     loaded = load(tiny_kwargs, path, num_queries=12, num_select=12, group_detr=1)
@@ -435,3 +443,13 @@ def test_fit_weights_leaves_the_checkpoint_untouched(tiny_kwargs, tmp_path):
     assert fitted[POSITION_KEY].shape == (1, 65, 48)
     for key, value in before.items():
         assert torch.equal(checkpoint.weights[key], value), key
+
+
+def test_plain_model_weights_win_over_the_prefixed_copy(tiny_kwargs, tmp_path):
+    """Best/EMA `.pth` files hold both; `model` carries the weights that were selected."""
+    ema, regular = tiny(tiny_kwargs, seed=1), tiny(tiny_kwargs, seed=2)
+    state = {"model." + k: v for k, v in regular.model.state_dict().items()}
+    torch.save({"model": ema.model.state_dict(), "state_dict": state, "model_config": {}}, tmp_path / "best.pth")
+    loaded = load(tiny_kwargs, tmp_path / "best.pth")
+    for got, want in zip(outputs(loaded), outputs(ema)):
+        assert torch.equal(got, want)

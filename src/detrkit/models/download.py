@@ -26,13 +26,9 @@ PUBLISHED_WEIGHTS: dict[str, tuple[str, str]] = {
     "rf-detr-large-2026.pth": ("/rfdetr/rf-detr-large-2026.pth", "5cb72153541cbcb9aa6efa26222acc75"),
     "rf-detr-large.pth": ("/rfdetr/rf-detr-large.pth", "992c8e862aa733a7bb2777e45d49f1a0"),
     "rf-detr-base.pth": ("/rfdetr/rf-detr-base-coco.pth", "b4d3ce46099eaed50626ede388caf979"),
-    "rf-detr-base-o365.pth": (
-        "/rfdetr/top-secret-1234/lwdetr_dinov2_small_o365_checkpoint.pth", "d93f4921ccbb0f0a2e4364bed290892b"
-    ),
+    "rf-detr-base-o365.pth": ("/rfdetr/top-secret-1234/lwdetr_dinov2_small_o365_checkpoint.pth", "d93f4921ccbb0f0a2e4364bed290892b"),
     "rf-detr-base-2.pth": ("/rfdetr/rf-detr-base-2.pth", "462f4d9df407ddc1812f42614040e913"),
-    "rf-detr-keypoint-preview-xlarge.pth": (
-        "/rfdetr/rf-detr-keypoint-preview-xlarge.pth", "6de511943ee85a547d4c5cb527daf0eb"
-    ),
+    "rf-detr-keypoint-preview-xlarge.pth": ("/rfdetr/rf-detr-keypoint-preview-xlarge.pth", "6de511943ee85a547d4c5cb527daf0eb"),
     "rf-detr-seg-preview.pt": ("/rfdetr/rf-detr-seg-preview.pt", "e35820c28fb86080558123e47a5e49ca"),
     "rf-detr-seg-nano.pt": ("/rfdetr/rf-detr-seg-n-ft.pth", "9995497791d0ff1664a1d9ddee9cfd20"),
     "rf-detr-seg-small.pt": ("/rfdetr/rf-detr-seg-s-ft.pth", "0a2a3006381d0c42853907e700eadd08"),
@@ -73,7 +69,8 @@ def resolve_weights(name_or_path: str | os.PathLike[str]) -> Path:
         return _local_file(Path(value).expanduser())
     cached = cache_dir() / value
     if cached.is_file():
-        _warn_if_changed(cached)
+        if value in PUBLISHED_WEIGHTS:
+            _warn_if_changed(cached, PUBLISHED_WEIGHTS[value][1])
         return cached
     if value in PUBLISHED_WEIGHTS:
         return download_weights(value)
@@ -138,19 +135,16 @@ def _local_file(path: Path) -> Path:
     raise FileNotFoundError(f"no checkpoint file at {path}{hint}")
 
 
-def _warn_if_changed(cached: Path) -> None:
+def _warn_if_changed(cached: Path, expected: str) -> None:
     """Warn when a cached published checkpoint differs from the published bytes."""
-    published = PUBLISHED_WEIGHTS.get(cached.name)
-    if published is None:
-        return
     digest = hashlib.md5(usedforsecurity=False)
     with cached.open("rb") as src:
         while chunk := src.read(CHUNK_BYTES):
             digest.update(chunk)
     actual = digest.hexdigest()
-    if actual != published[1]:
+    if actual != expected:
         warnings.warn(
             f"cached checkpoint {cached} has md5 {actual}, the published one has "
-            f"{published[1]}; using the cached file anyway (delete it to download again)",
+            f"{expected}; using the cached file anyway (delete it to download again)",
             stacklevel=3,
         )

@@ -112,7 +112,7 @@ def fit_weights(checkpoint: Checkpoint, model: torch.nn.Module) -> dict[str, tor
             weights[key] = tile_rows(value, num_logits)
     for key in _QUERY_KEYS:
         if key in weights and key in target and weights[key].shape[1:] == target[key].shape[1:]:
-            weights[key] = _fit_query_rows(weights[key], target[key], checkpoint.args)
+            weights[key] = _fit_query_rows(weights[key], target[key], checkpoint.args, model.groups)
     if _POSITION_KEY in weights and _POSITION_KEY in target:
         weights[_POSITION_KEY] = resize_position_embeddings(weights[_POSITION_KEY], target[_POSITION_KEY].shape[1])
     _check_compatible(checkpoint.path, weights, target)
@@ -133,15 +133,14 @@ def _check_patch_size(checkpoint: Checkpoint, target: dict[str, torch.Tensor]) -
             f"patch_size={wanted}; pick the matching model class")
 
 
-def _fit_query_rows(saved: torch.Tensor, current: torch.Tensor, args: dict[str, Any]) -> torch.Tensor:
+def _fit_query_rows(saved: torch.Tensor, current: torch.Tensor, args: dict[str, Any],
+                    model_groups: int) -> torch.Tensor:
     """Copy the saved rows into the model's rows, group by group when the group layout is known."""
     fitted = current.clone()
     queries, groups = args.get("num_queries"), args.get("group_detr")
     if queries and groups and queries * groups == saved.shape[0]:
         width = saved.shape[1]
         source = saved.view(groups, queries, width)
-        # the model's layout is inferred the same way: rows = model groups x model queries
-        model_groups = _model_groups(current.shape[0], queries, groups)
         dest = fitted.view(model_groups, -1, width)
         g, n = min(groups, model_groups), min(queries, dest.shape[1])
         dest[:g, :n] = source[:g, :n]
@@ -149,14 +148,6 @@ def _fit_query_rows(saved: torch.Tensor, current: torch.Tensor, args: dict[str, 
     rows = min(saved.shape[0], current.shape[0])
     fitted[:rows] = saved[:rows]
     return fitted
-
-
-def _model_groups(rows: int, saved_queries: int, saved_groups: int) -> int:
-    # Prefer keeping the saved group count when the row count allows it.
-    for groups in (saved_groups, *range(saved_groups, 0, -1)):
-        if rows % groups == 0:
-            return groups
-    return 1
 
 
 def resize_position_embeddings(table: torch.Tensor, rows: int) -> torch.Tensor:
