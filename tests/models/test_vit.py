@@ -19,7 +19,13 @@ def naive_attention(block, x):
         sl = slice(h * dim, (h + 1) * dim)
         weights = (q[:, sl] @ k[:, sl].T / math.sqrt(dim)).softmax(-1)
         outs.append(weights @ v[:, sl])
-    return block.attention.output.dense(torch.cat(outs, -1))
+    dense = block.attention.output.dense
+    return F.linear(torch.cat(outs, -1), dense.weight, dense.bias)
+
+
+def naive_mlp(block, x):
+    fc1, fc2 = block.mlp.fc1, block.mlp.fc2
+    return F.linear(F.gelu(F.linear(x, fc1.weight, fc1.bias)), fc2.weight, fc2.bias)
 
 
 def naive_vit(vit, pixels, windows):
@@ -41,8 +47,8 @@ def naive_vit(vit, pixels, windows):
         else:
             joined = naive_attention(block, torch.cat(normed))
             attn = list(joined.split([len(s) for s in seqs]))
-        seqs = [s + block.layer_scale1(a) for s, a in zip(seqs, attn)]
-        seqs = [s + block.layer_scale2(block.mlp(block.norm2(s))) for s in seqs]
+        seqs = [s + block.layer_scale1.lambda1 * a for s, a in zip(seqs, attn)]
+        seqs = [s + block.layer_scale2.lambda1 * naive_mlp(block, block.norm2(s)) for s in seqs]
         if index in vit.taps:
             full = torch.zeros(rows, cols, channels)
             for n, s in enumerate(seqs):

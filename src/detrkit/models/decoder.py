@@ -8,6 +8,7 @@ from torch import nn
 
 from detrkit.models.deform_attn import MSDeformAttn
 from detrkit.models.mlp import MLP
+from detrkit.ops.linear import Linear, PackedWeight, linear
 from detrkit.ops.position import box_sine_embedding
 
 
@@ -19,7 +20,8 @@ class SelfAttention(nn.Module):
         self.heads = heads
         self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * dim))
-        self.out_proj = nn.Linear(dim, dim)
+        self.out_proj = Linear(dim, dim)
+        self._packed_qk, self._packed_v = PackedWeight(), PackedWeight()
         nn.init.xavier_uniform_(self.in_proj_weight)
         nn.init.zeros_(self.out_proj.bias)
 
@@ -27,8 +29,8 @@ class SelfAttention(nn.Module):
         """query_key (B, L, D) feeds queries and keys; value (B, L, D)."""
         batch, length, dim = value.shape
         w, b = self.in_proj_weight, self.in_proj_bias
-        qk = F.linear(query_key, w[: 2 * dim], b[: 2 * dim]).view(batch, length, 2, self.heads, -1)
-        v = F.linear(value, w[2 * dim:], b[2 * dim:]).view(batch, length, self.heads, -1)
+        qk = linear(query_key, w[: 2 * dim], b[: 2 * dim], packed=self._packed_qk).view(batch, length, 2, self.heads, -1)
+        v = linear(value, w[2 * dim:], b[2 * dim:], packed=self._packed_v).view(batch, length, self.heads, -1)
         q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, L, head_dim)
         out = F.scaled_dot_product_attention(q, k, v.transpose(1, 2))
         return self.out_proj(out.transpose(1, 2).reshape(batch, length, dim))
@@ -40,8 +42,8 @@ class DecoderLayer(nn.Module):
         self.self_attn = SelfAttention(dim, sa_heads)
         self.norm1 = nn.LayerNorm(dim)
         self.cross_attn = MSDeformAttn(dim, levels, ca_heads, points)
-        self.linear1 = nn.Linear(dim, ffn_dim)
-        self.linear2 = nn.Linear(ffn_dim, dim)
+        self.linear1 = Linear(dim, ffn_dim, activation="relu")
+        self.linear2 = Linear(ffn_dim, dim)
         self.norm2 = nn.LayerNorm(dim)
         self.norm3 = nn.LayerNorm(dim)
 
@@ -55,7 +57,7 @@ class DecoderLayer(nn.Module):
         attn = self.self_attn(with_pos.reshape(grouped), tgt.reshape(grouped)).reshape(batch, queries, dim)
         tgt = self.norm1(tgt + attn)
         tgt = self.norm2(tgt + self.cross_attn(tgt + query_pos, reference, memory, shapes, padding))
-        return self.norm3(tgt + self.linear2(F.relu(self.linear1(tgt))))
+        return self.norm3(tgt + self.linear2(self.linear1(tgt)))
 
 
 class Decoder(nn.Module):

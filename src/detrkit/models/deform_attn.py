@@ -8,16 +8,17 @@ import torch
 from torch import nn
 
 from detrkit.ops.deformable import deformable_sample
+from detrkit.ops.linear import Linear
 
 
 class MSDeformAttn(nn.Module):
     def __init__(self, dim: int, levels: int, heads: int, points: int) -> None:
         super().__init__()
         self.levels, self.heads, self.points = levels, heads, points
-        self.sampling_offsets = nn.Linear(dim, heads * levels * points * 2)
-        self.attention_weights = nn.Linear(dim, heads * levels * points)
-        self.value_proj = nn.Linear(dim, dim)
-        self.output_proj = nn.Linear(dim, dim)
+        self.sampling_offsets = Linear(dim, heads * levels * points * 2)
+        self.attention_weights = Linear(dim, heads * levels * points)
+        self.value_proj = Linear(dim, dim)
+        self.output_proj = Linear(dim, dim)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

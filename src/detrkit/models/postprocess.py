@@ -18,8 +18,11 @@ def top_detections(logits: torch.Tensor, boxes: torch.Tensor, image_sizes: torch
     batch, queries, classes = logits.shape
     probs = logits.sigmoid().flatten(1)  # (B, Q*C)
     keep = min(num_select, queries * classes)
-    scores, index = probs.sort(dim=1, descending=True, stable=True)
-    scores, index = scores[:, :keep], index[:, :keep]
+    # top-k, then ordered as a stable descending sort would: equal scores keep index order
+    scores, index = probs.topk(keep, dim=1)
+    index, by_index = index.sort(dim=1)
+    scores, by_score = scores.gather(1, by_index).sort(dim=1, descending=True, stable=True)
+    index = index.gather(1, by_score)
     query = torch.div(index, classes, rounding_mode="floor")
     xyxy = cxcywh_to_xyxy(boxes).gather(1, query[..., None].expand(-1, -1, 4))
     height, width = image_sizes.to(xyxy.dtype).unbind(1)

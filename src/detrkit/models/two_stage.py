@@ -12,6 +12,7 @@ from detrkit.models.decoder import Decoder
 from detrkit.models.deform_attn import MSDeformAttn
 from detrkit.models.mlp import MLP
 from detrkit.ops.boxes import apply_box_delta
+from detrkit.ops.linear import Linear
 
 
 @dataclass
@@ -76,7 +77,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.num_queries = num_queries
         self.decoder = Decoder(dim, num_layers, sa_heads, ca_heads, levels, points, ffn_dim)
-        self.enc_output = nn.ModuleList(nn.Linear(dim, dim) for _ in range(groups))
+        self.enc_output = nn.ModuleList(Linear(dim, dim) for _ in range(groups))
         self.enc_output_norm = nn.ModuleList(nn.LayerNorm(dim) for _ in range(groups))
         for parameter in self.parameters():
             if parameter.dim() > 1:

@@ -7,6 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from detrkit.ops.linear import Linear, PackedWeight, packed_linear, packing_applies, scaled_residual_linear
+
 
 class PatchEmbeddings(nn.Module):
     def __init__(self, in_channels: int, width: int, patch_size: int) -> None:
@@ -74,7 +76,7 @@ class SelfAttentionProjections(nn.Module):
 class AttentionOutput(nn.Module):
     def __init__(self, width: int) -> None:
         super().__init__()
-        self.dense = nn.Linear(width, width)
+        self.dense = Linear(width, width)
 
 
 class Attention(nn.Module):
@@ -83,16 +85,25 @@ class Attention(nn.Module):
         self.heads = heads
         self.attention = SelfAttentionProjections(width)
         self.output = AttentionOutput(width)
+        self._packed_qkv = PackedWeight()
+
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """The three projections as one matrix product."""
+        proj = self.attention
+        weights = (proj.query.weight, proj.key.weight, proj.value.weight)
+        bias = torch.cat((proj.query.bias, proj.key.bias, proj.value.bias))
+        if packing_applies(x, proj.query.weight):
+            rows = x.numel() // x.shape[-1]
+            return packed_linear(x, self._packed_qkv.get(weights, lambda: torch.cat(weights), rows), bias)
+        return F.linear(x, torch.cat(weights), bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Attention before the output projection (applied by the block): (B, L, C)."""
         batch, length, width = x.shape
-        proj = self.attention
-        weight = torch.cat((proj.query.weight, proj.key.weight, proj.value.weight))
-        bias = torch.cat((proj.query.bias, proj.key.bias, proj.value.bias))
-        qkv = F.linear(x, weight, bias).view(batch, length, 3, self.heads, width // self.heads)
+        qkv = self._qkv(x).view(batch, length, 3, self.heads, width // self.heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, L, head_dim)
         out = F.scaled_dot_product_attention(q, k, v)
-        return self.output.dense(out.transpose(1, 2).reshape(batch, length, width))
+        return out.transpose(1, 2).reshape(batch, length, width)
 
 
 class LayerScale(nn.Module):
@@ -100,18 +111,13 @@ class LayerScale(nn.Module):
         super().__init__()
         self.lambda1 = nn.Parameter(torch.ones(width))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.lambda1
-
 
 class Mlp(nn.Module):
     def __init__(self, width: int, hidden: int) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(width, hidden)
-        self.fc2 = nn.Linear(hidden, width)
+        self.fc1 = Linear(width, hidden, activation="gelu")
+        self.fc2 = Linear(hidden, width)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
 
 
 class DropPath(nn.Module):
@@ -142,6 +148,7 @@ class Block(nn.Module):
         self.mlp = Mlp(width, 4 * width)
         self.layer_scale2 = LayerScale(width)
         self.drop_path = DropPath(drop_path)
+        self._packed_dense, self._packed_fc2 = PackedWeight(), PackedWeight()
 
     def forward(self, x: torch.Tensor, windows_per_image: int) -> torch.Tensor:
         sequences, length, width = x.shape
@@ -149,8 +156,15 @@ class Block(nn.Module):
         if not self.windowed:  # (B * windows, T, C) -> (B, windows * T, C)
             attn_in = attn_in.view(sequences // windows_per_image, windows_per_image * length, width)
         attn = self.attention(attn_in).view(sequences, length, width)
-        x = x + self.drop_path(self.layer_scale1(attn))
-        return x + self.drop_path(self.layer_scale2(self.mlp(self.norm2(x))))
+        x = self._residual(attn, x, self.attention.output.dense, self.layer_scale1, self._packed_dense)
+        return self._residual(self.mlp.fc1(self.norm2(x)), x, self.mlp.fc2, self.layer_scale2, self._packed_fc2)
+
+    def _residual(self, inputs: torch.Tensor, x: torch.Tensor, dense: nn.Linear, scale: LayerScale,
+                  packed: PackedWeight) -> torch.Tensor:
+        """x + drop_path(layer_scale * dense(inputs))."""
+        if self.training and self.drop_path.drop_prob > 0:
+            return x + self.drop_path(scale.lambda1 * dense(inputs))
+        return scaled_residual_linear(inputs, x, dense.weight, dense.bias, scale.lambda1, packed)
 
 
 class Encoder(nn.Module):

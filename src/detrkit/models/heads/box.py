@@ -8,13 +8,14 @@ import torch
 from torch import nn
 
 from detrkit.models.mlp import MLP
+from detrkit.ops.linear import Linear
 
 PRIOR_PROBABILITY = 0.01
 
 
 def build_class_head(dim: int, num_logits: int) -> nn.Linear:
     """Linear head whose bias starts every class at a 1% prior probability."""
-    head = nn.Linear(dim, num_logits)
+    head = Linear(dim, num_logits)
     nn.init.constant_(head.bias, -math.log((1 - PRIOR_PROBABILITY) / PRIOR_PROBABILITY))
     return head
 
@@ -35,7 +36,7 @@ def tile_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
 
 def resize_class_head(head: nn.Linear, num_logits: int) -> nn.Linear:
     """A new head with `num_logits` outputs whose rows are the old rows tiled then truncated."""
-    resized = nn.Linear(head.in_features, num_logits, device=head.weight.device, dtype=head.weight.dtype)
+    resized = Linear(head.in_features, num_logits).to(head.weight.device, head.weight.dtype)
     with torch.no_grad():
         resized.weight.copy_(tile_rows(head.weight, num_logits))
         resized.bias.copy_(tile_rows(head.bias, num_logits))
