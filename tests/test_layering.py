@@ -39,7 +39,7 @@ def test_packages_import_only_upstream():
     assert not problems, problems
 
 
-def test_import_does_not_load_lightning():
-    code = "import sys, detrkit; print(any(m.split('.')[0] in ('lightning', 'pytorch_lightning') for m in sys.modules))"
+def test_import_does_not_load_lightning_or_supervision():
+    code = "import sys, detrkit; print(any(m.split('.')[0] in ('lightning', 'pytorch_lightning', 'supervision') for m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

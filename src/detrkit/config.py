@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Literal
 
@@ -187,3 +188,84 @@ class ModelConfig(_Strict):
     def block_size(self) -> int:
         """Input sides must be multiples of this (patch size times windows per side)."""
         return self.patch_size * self.num_windows
+
+
+MultiScale = Literal["off", "per-batch", "per-sample"]
+DatasetFormat = Literal["roboflow", "coco", "yolo"]
+
+
+class TrainConfig(_Strict):
+    """Settings of one training run (spec section 12.1); unknown keys raise ValidationError."""
+
+    dataset_dir: str | None
+    output_dir: str = Field("output", validate_default=True)
+    dataset_file: DatasetFormat | None = None  # None: detected from the folder layout
+    class_names: list[str] | None = None
+    epochs: int = Field(100, ge=1)
+    batch_size: int = Field(4, ge=1)
+    grad_accum_steps: int = Field(1, ge=1)
+    eval_batch_size: int | None = Field(None, ge=1)
+    lr: float = Field(1e-4, gt=0)
+    lr_encoder: float = Field(1.5e-4, gt=0)
+    weight_decay: float = Field(1e-4, ge=0)
+    warmup_epochs: float = Field(0.0, ge=0)
+    lr_vit_layer_decay: float = Field(0.8, gt=0)
+    lr_component_decay: float = Field(0.7, gt=0)
+    lr_scheduler: Literal["step", "cosine"] = "step"
+    lr_scheduler_kwargs: dict[str, float] = {}
+    drop_path: float = Field(0.0, ge=0, lt=1)
+    clip_max_norm: float = Field(0.1, ge=0)
+    cls_loss_coef: float = Field(1.0, ge=0)
+    multi_scale: MultiScale = "per-batch"
+    expanded_scales: bool = True
+    square_resize_div_64: bool = True
+    scale_jitter: bool = True
+    num_workers: int = Field(2, ge=0)
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    prefetch_factor: int | None = Field(None, ge=1)
+    eval_interval: int = Field(1, ge=1)
+    eval_max_dets: int = Field(500, ge=1)
+    run_test: bool = False
+    seed: int | None = None
+    progress_bar: Literal["tqdm", "rich"] | None = "tqdm"
+    tensorboard: bool = True
+    wandb: bool = False
+    mlflow: bool = False
+    project: str | None = None
+    run: str | None = None
+    accelerator: str = "auto"
+    devices: int | str | list[int] = 1
+    strategy: str = "auto"
+    num_nodes: int = Field(1, ge=1)
+    device: str | None = None  # overrides the model's device for training
+    num_sanity_val_steps: int = Field(0, ge=0)
+
+    @field_validator("multi_scale", mode="before")
+    @classmethod
+    def _bool_aliases(cls, value: object) -> object:
+        if value is True:
+            return "per-batch"
+        if value is False:
+            return "off"
+        return value
+
+    @field_validator("progress_bar", mode="before")
+    @classmethod
+    def _legacy_progress(cls, value: object) -> object:
+        if value is True:
+            return "tqdm"
+        return None if value is False else value
+
+    @field_validator("lr_scheduler_kwargs")
+    @classmethod
+    def _scheduler_keys(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = set(value) - {"lr_drop", "min_factor"}
+        if unknown:
+            raise ValueError(f"lr_scheduler_kwargs accepts lr_drop and min_factor, not {sorted(unknown)}")
+        return value
+
+    @field_validator("dataset_dir", "output_dir")
+    @classmethod
+    def _realpath(cls, value: str | None) -> str | None:
+        return None if value is None else os.path.realpath(os.path.expanduser(value))

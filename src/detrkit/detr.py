@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import supervision as sv
 import torch
 
 from detrkit.config import ModelConfig
@@ -17,6 +16,9 @@ from detrkit.models.build import build_model
 from detrkit.models.download import resolve_weights
 from detrkit.models.postprocess import top_detections
 from detrkit.models.weights import Checkpoint, load_weights, read_checkpoint
+
+if TYPE_CHECKING:
+    import supervision as sv
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +80,8 @@ class RFDETR:
 
     def _to_detections(self, result: dict[str, torch.Tensor], threshold: float,
                        source_shape: tuple[int, int]) -> sv.Detections:
+        import supervision as sv  # heavy import, deferred so that `import detrkit` stays fast
+
         keep = result["scores"] > threshold
         class_id = result["labels"][keep].cpu().numpy()
         detections = sv.Detections(

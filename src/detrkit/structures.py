@@ -40,3 +40,43 @@ class DetectorOutput(Mapping):
 
     def __len__(self) -> int:
         return len(self._items())
+
+
+@dataclass
+class Target:
+    """Ground truth of one image after transforms.
+
+    boxes (N, 4) normalised cxcywh relative to the transformed, unpadded image; labels (N,)
+    int64 class indices; area (N,) box or segment area in source-image pixels (COCO's area
+    ranges use it); image_id the dataset's id; orig_size and size (H, W) of the source and
+    transformed image.
+    """
+
+    boxes: torch.Tensor
+    labels: torch.Tensor
+    image_id: int
+    orig_size: tuple[int, int]
+    size: tuple[int, int]
+    area: torch.Tensor | None = None
+
+    def to(self, device: torch.device | str) -> Target:
+        area = None if self.area is None else self.area.to(device, non_blocking=True)
+        return Target(self.boxes.to(device, non_blocking=True), self.labels.to(device, non_blocking=True),
+                      self.image_id, self.orig_size, self.size, area)
+
+
+@dataclass
+class Batch:
+    """Images padded to one size: pixels (B, C, H, W) normalised; padding (B, H, W) True on
+    padded pixels, or None when no image needed padding."""
+
+    pixels: torch.Tensor
+    padding: torch.Tensor | None
+    targets: list[Target]
+
+    def to(self, device: torch.device | str) -> Batch:
+        padding = None if self.padding is None else self.padding.to(device, non_blocking=True)
+        return Batch(self.pixels.to(device, non_blocking=True), padding, [t.to(device) for t in self.targets])
+
+    def __len__(self) -> int:
+        return len(self.targets)
