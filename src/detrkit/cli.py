@@ -1,8 +1,9 @@
-"""The `detrkit` command line: run a detector on an image and draw what it finds."""
+"""The `detrkit` command line: the demo, training on a folder, and prediction on an image."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import warnings
 from pathlib import Path
@@ -11,8 +12,16 @@ MODELS = ("nano", "small", "medium", "large")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="detrkit", description="RF-DETR detectors: predict (train: coming).")
+    parser = argparse.ArgumentParser(prog="detrkit", description="Train and run RF-DETR detectors.")
     commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser(
+        "demo", help="generate a small shapes data set and train a detector on it (CPU, a few minutes)",
+        description="Generate coloured shapes in COCO layout, train RFDETRNano from scratch at 224 px, "
+                    "print the validation metrics and save a picture of predictions.")
+    demo.add_argument("--output", type=Path, default=Path("detrkit-demo"), help="folder for everything")
+    demo.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    demo.add_argument("--epochs", type=int, help="epochs (default 6)")
+    _add_train_parser(commands)
     predict = commands.add_parser(
         "predict", help="detect objects in an image, print them and save a drawing",
         description="Detect objects in IMAGE; print one line per detection and save a PNG with boxes.")
@@ -31,9 +40,68 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_train_parser(commands: argparse._SubParsersAction) -> None:
+    train = commands.add_parser(
+        "train", help="train on a COCO (Roboflow or plain) or YOLO folder",
+        description="Train a detector on DATASET. Common options have flags; any other TrainConfig "
+                    "field can be set with --set NAME=VALUE (VALUE read as JSON when it parses).")
+    train.add_argument("--dataset", required=True, type=Path, help="dataset folder (format detected)")
+    train.add_argument("--model", choices=MODELS, default="nano", help="model size (default nano)")
+    train.add_argument("--weights", help="starting checkpoint (default: published COCO weights); "
+                       "'none' trains from scratch")
+    train.add_argument("--epochs", type=int, default=100)
+    train.add_argument("--batch-size", type=int, default=4)
+    train.add_argument("--grad-accum-steps", type=int, default=1)
+    train.add_argument("--lr", type=float, default=1e-4)
+    train.add_argument("--resolution", type=int, help="training resolution (default: the model's)")
+    train.add_argument("--output", default="output", help="output folder (default ./output)")
+    train.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    train.add_argument("--num-workers", type=int, default=2)
+    train.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                       help="any other TrainConfig field, e.g. --set multi_scale=off")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "demo":
+        from detrkit.demo import run_demo
+
+        run_demo(args.output, args.device, args.epochs)
+        return 0
+    if args.command == "train":
+        return _train(args)
     return _predict(args)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from detrkit.variants import VARIANTS
+
+    model_kwargs: dict = {"device": args.device} if args.device else {}
+    if args.weights:
+        model_kwargs["pretrain_weights"] = None if args.weights.lower() == "none" else args.weights
+    if args.resolution:
+        model_kwargs["resolution"] = args.resolution
+    model = VARIANTS[args.model](**model_kwargs)
+    options = dict(dataset_dir=str(args.dataset), output_dir=args.output, epochs=args.epochs,
+                   batch_size=args.batch_size, grad_accum_steps=args.grad_accum_steps, lr=args.lr,
+                   num_workers=args.num_workers)
+    options.update(_parse_settings(args.set))
+    model.train(**options)
+    print(f"training finished; files are in {args.output}")
+    return 0
+
+
+def _parse_settings(pairs: list[str]) -> dict:
+    settings = {}
+    for pair in pairs:
+        name, separator, value = pair.partition("=")
+        if not separator:
+            raise SystemExit(f"--set expects NAME=VALUE, got {pair!r}")
+        try:
+            settings[name] = json.loads(value)
+        except json.JSONDecodeError:
+            settings[name] = value
+    return settings
 
 
 def _predict(args: argparse.Namespace) -> int:

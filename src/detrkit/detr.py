@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -33,6 +34,7 @@ class RFDETR:
 
     def __init__(self, **kwargs: Any) -> None:
         config = self.config_class(**kwargs)
+        self._num_classes_given = "num_classes" in kwargs
         checkpoint = read_checkpoint(resolve_weights(config.pretrain_weights)) if config.pretrain_weights else None
         if checkpoint is not None and "num_classes" not in config.model_fields_set:
             config = config.model_copy(update={"num_classes": checkpoint.num_logits - 1})
@@ -104,7 +106,42 @@ class RFDETR:
         return names[class_id] if names is not None and class_id < len(names) else str(class_id)
 
     def train(self, **kwargs: Any) -> None:
-        raise NotImplementedError("training (model.train) is not available in this version of detrkit yet")
+        """Fine-tune (or train from scratch) on a COCO or YOLO folder; see TrainConfig for options.
+
+        Keywords are TrainConfig fields, or Lightning Trainer arguments that are passed through.
+        The data set is read and checked before anything is written to `output_dir`.
+        """
+        import pytorch_lightning as pl
+
+        from detrkit.training import RFDETRDataModule, RFDETRModelModule, build_trainer
+        from detrkit.training.run_record import write_training_config
+        from detrkit.training.trainer import split_train_kwargs
+
+        train_config, trainer_kwargs = split_train_kwargs(kwargs)
+        datamodule = RFDETRDataModule(self.model_config, train_config)
+        self._fit_classes(datamodule.class_names)
+        if train_config.seed is not None:
+            pl.seed_everything(train_config.seed + int(os.environ.get("RANK", 0)), workers=True, verbose=False)
+        write_training_config(train_config, self.model_config, self.class_names)
+        module = RFDETRModelModule(self.model_config, train_config, detector=self.model, class_names=self.class_names)
+        trainer = build_trainer(train_config, **trainer_kwargs)
+        trainer.fit(module, datamodule=datamodule)
+        if train_config.run_test and datamodule.splits.test is not None:
+            trainer.test(module, datamodule=datamodule)
+        write_training_config(train_config, self.model_config, self.class_names)
+        self.model.to(self.device).eval()
+
+    def _fit_classes(self, class_names: list[str]) -> None:
+        """Size the class head for the data set (unless num_classes was set explicitly)."""
+        wanted = len(class_names)
+        if self._num_classes_given and self.model_config.num_classes != wanted:
+            if self.model_config.num_classes < wanted:
+                raise ValueError(f"num_classes={self.model_config.num_classes} but the data set has {wanted} "
+                                 f"classes {class_names}")
+        else:
+            self.model_config = self.model_config.model_copy(update={"num_classes": wanted})
+        self.model.resize_class_heads(self.model_config.num_classes + 1)
+        self.class_names = list(class_names)
 
 
 def _check_acceleration(config: ModelConfig) -> None:

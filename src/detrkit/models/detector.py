@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from detrkit.models.backbone import Backbone
-from detrkit.models.heads.box import build_box_head, build_class_head
+from detrkit.models.heads.box import build_box_head, build_class_head, resize_class_head
 from detrkit.models.two_stage import Transformer, flatten_levels
 from detrkit.ops.boxes import apply_box_delta
 from detrkit.structures import DetectorOutput
@@ -37,6 +37,14 @@ class Detector(nn.Module):
     @property
     def num_classes(self) -> int:
         return self.class_embed.out_features - 1
+
+    def resize_class_heads(self, num_logits: int) -> None:
+        """Give the class head and its per-group encoder copies `num_logits` outputs (rows tiled)."""
+        if num_logits == self.class_embed.out_features:
+            return
+        self.class_embed = resize_class_head(self.class_embed, num_logits)
+        copies = self.transformer.enc_out_class_embed
+        self.transformer.enc_out_class_embed = nn.ModuleList(resize_class_head(h, num_logits) for h in copies)
 
     def forward(self, pixels: torch.Tensor, padding: torch.Tensor | None = None) -> DetectorOutput:
         """pixels (B, C, H, W) normalised; padding (B, H, W) True on padded pixels, or None."""

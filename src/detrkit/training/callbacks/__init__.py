@@ -1,0 +1,1 @@
+"""Callbacks for what Lightning's own do not cover."""

@@ -1,0 +1,31 @@
+"""Collect an epoch's detections on the device and score them once: COCO mAP/mAR and best F1."""
+
+from __future__ import annotations
+
+import torch
+
+
+class DetectionEvaluator:
+    """Accumulates per-image detections and ground truth without host syncs; `compute()` moves
+    everything to the CPU once and returns metric name -> value."""
+
+    def __init__(self, max_dets: int) -> None:
+        self.max_dets = max_dets
+        self._detections: list[dict[str, torch.Tensor]] = []
+        self._truth: list[dict[str, torch.Tensor]] = []
+
+    def add(self, detections: list[dict[str, torch.Tensor]], truth: list[dict[str, torch.Tensor]]) -> None:
+        self._detections += [{k: v.detach() for k, v in d.items()} for d in detections]
+        self._truth += [{k: v.detach() for k, v in t.items()} for t in truth]
+
+    def compute(self) -> dict[str, float]:
+        from torchmetrics.detection import MeanAveragePrecision
+
+        detections = [{k: v.cpu() for k, v in d.items()} for d in self._detections]
+        truth = [{k: v.cpu() for k, v in t.items() if k in ("boxes", "labels")} for t in self._truth]
+        metric = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend="faster_coco_eval",
+                                      max_detection_thresholds=[1, 10, self.max_dets])
+        metric.update(detections, truth)
+        result = metric.compute()
+        return {"mAP_50_95": float(result["map"]), "mAP_50": float(result["map_50"]),
+                "mAP_75": float(result["map_75"]), "mAR": float(result[f"mar_{self.max_dets}"])}

@@ -1,0 +1,112 @@
+"""RFDETRModelModule: the detector, its losses and its optimisation as a LightningModule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from detrkit.config import ModelConfig, TrainConfig
+from detrkit.datasets.transforms import batch_scale, multi_scale_sizes, resize_batch
+from detrkit.losses.criterion import build_criterion
+from detrkit.models.build import build_model
+from detrkit.models.detector import Detector
+from detrkit.models.postprocess import top_detections
+from detrkit.ops.boxes import cxcywh_to_xyxy
+from detrkit.structures import Batch, Target
+from detrkit.training.evaluation import DetectionEvaluator
+from detrkit.training.optim import build_optimizer, lr_factor
+
+
+class RFDETRModelModule(pl.LightningModule):
+    """Trains `detector` (built from `model_config` when not given) as `train_config` says.
+
+    Logs `train/*` losses after each step and `val/*` / `test/*` COCO metrics once per epoch.
+    """
+
+    def __init__(self, model_config: ModelConfig, train_config: TrainConfig, detector: Detector | None = None,
+                 class_names: list[str] | None = None) -> None:
+        super().__init__()
+        self.model_config, self.train_config = model_config, train_config
+        self.model = detector if detector is not None else build_model(model_config, train_config.drop_path)
+        self.criterion = build_criterion(model_config, train_config)
+        self.class_names = class_names
+        block = model_config.block_size
+        self.train_scales = (multi_scale_sizes(model_config.resolution, block, train_config.expanded_scales)
+                             if train_config.multi_scale == "per-batch" else None)
+        self._evaluators: dict[str, DetectionEvaluator] = {}
+
+    def forward(self, pixels: torch.Tensor, padding: torch.Tensor | None = None):
+        return self.model(pixels, padding)
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        if self.train_scales:  # one scale per optimizer step, shared by its micro-batches
+            batch = resize_batch(batch, batch_scale(self.global_step, self.train_scales))
+        outputs = self.model(batch.pixels, batch.padding)
+        losses = self.criterion(outputs, batch.targets, groups=self.model.groups)
+        size = len(batch)
+        self.log("train/loss", losses.total, prog_bar=True, on_step=True, on_epoch=True, batch_size=size)
+        for name, value in _compact_terms(losses.terms).items():
+            self.log(f"train/{name}", value, on_step=False, on_epoch=True, batch_size=size)
+        for name in ("class_error", "cardinality_error"):
+            self.log(f"train/{name}", getattr(losses, name), on_step=False, on_epoch=True, batch_size=size)
+        self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], prog_bar=True, on_step=True,
+                 on_epoch=False, batch_size=size)
+        return losses.total
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate_step("val", batch)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate_step("test", batch)
+
+    def _evaluate_step(self, stage: str, batch: Batch) -> None:
+        outputs = self.model(batch.pixels, batch.padding)
+        sizes = torch.tensor([t.orig_size for t in batch.targets], device=batch.pixels.device)
+        detections = top_detections(outputs.pred_logits, outputs.pred_boxes, sizes, self.model_config.num_select)
+        evaluator = self._evaluators.setdefault(stage, DetectionEvaluator(self.train_config.eval_max_dets))
+        evaluator.add(detections, [_pixel_boxes(t) for t in batch.targets])
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_evaluation("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_evaluation("test")
+
+    def _log_evaluation(self, stage: str) -> None:
+        evaluator = self._evaluators.pop(stage, None)
+        if evaluator is None:
+            return
+        for name, value in evaluator.compute().items():
+            self.log(f"{stage}/{name}", value, sync_dist=False, rank_zero_only=True)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        config = self.train_config
+        optimizer = build_optimizer(self.model.named_parameters(), {
+            "lr": config.lr, "lr_encoder": config.lr_encoder, "weight_decay": config.weight_decay,
+            "layer_decay": config.lr_vit_layer_decay, "component_decay": config.lr_component_decay,
+            "num_encoder_layers": self.model_config.out_feature_indexes[-1] + 1})
+        factor = lr_factor(config.lr_scheduler, total_steps=int(self.trainer.estimated_stepping_batches),
+                           epochs=config.epochs, warmup_epochs=config.warmup_epochs,
+                           **config.lr_scheduler_kwargs)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _compact_terms(terms: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Final-layer terms as they are; auxiliary and encoder terms summed into `<term>_aux`."""
+    compact: dict[str, torch.Tensor] = {}
+    for name, value in terms.items():
+        stem, _, suffix = name.rpartition("_")
+        key = f"{stem}_aux" if suffix.isdigit() or suffix == "enc" else name
+        compact[key] = compact[key] + value if key in compact else value
+    return compact
+
+
+def _pixel_boxes(target: Target) -> dict[str, torch.Tensor]:
+    """Ground truth in source-image pixels (xyxy), as the COCO metric expects."""
+    height, width = target.orig_size
+    scale = target.boxes.new_tensor([width, height, width, height])
+    return {"boxes": cxcywh_to_xyxy(target.boxes) * scale, "labels": target.labels,
+            **({"area": target.area} if target.area is not None else {})}

@@ -1,0 +1,97 @@
+"""build_trainer: a Lightning Trainer with the loggers, callbacks and settings a run asks for."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
+from pytorch_lightning.loggers import CSVLogger, Logger
+
+from detrkit.config import TrainConfig
+from detrkit.training.callbacks.schedule import ValidateLastEpoch
+from detrkit.training.callbacks.summary import EpochSummary
+
+logger = logging.getLogger(__name__)
+
+
+def build_trainer(train_config: TrainConfig, **trainer_kwargs: Any) -> pl.Trainer:
+    """Trainer for `train_config`; keyword arguments override or extend the Trainer's settings
+    (devices defaults to 1; callbacks and loggers given here are added to detrkit's)."""
+    output = Path(train_config.output_dir)
+    callbacks = [ValidateLastEpoch(), EpochSummary(), *trainer_kwargs.pop("callbacks", [])]
+    if train_config.progress_bar == "rich":
+        callbacks.append(RichProgressBar())
+    elif train_config.progress_bar == "tqdm":
+        callbacks.append(TQDMProgressBar())
+    settings: dict[str, Any] = dict(
+        default_root_dir=str(output), max_epochs=train_config.epochs, accelerator=_accelerator(train_config),
+        devices=train_config.devices, strategy=train_config.strategy, num_nodes=train_config.num_nodes,
+        precision="32-true", gradient_clip_val=train_config.clip_max_norm or None,
+        gradient_clip_algorithm="norm", accumulate_grad_batches=train_config.grad_accum_steps,
+        check_val_every_n_epoch=train_config.eval_interval, num_sanity_val_steps=train_config.num_sanity_val_steps,
+        enable_checkpointing=False, enable_progress_bar=train_config.progress_bar is not None,
+        enable_model_summary=False, log_every_n_steps=10,
+        logger=[*build_loggers(train_config), *_as_list(trainer_kwargs.pop("logger", []))],
+        callbacks=callbacks)
+    settings.update(trainer_kwargs)
+    return pl.Trainer(**settings)
+
+
+def split_train_kwargs(kwargs: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
+    """TrainConfig from its fields; Lightning Trainer arguments that are not fields pass through.
+
+    Anything that is neither raises pydantic's ValidationError naming it.
+    """
+    trainer_params = set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
+    passthrough = {k: v for k, v in kwargs.items() if k not in TrainConfig.model_fields and k in trainer_params}
+    fields = {k: v for k, v in kwargs.items() if k not in passthrough}
+    return TrainConfig(**fields), passthrough
+
+
+def _accelerator(train_config: TrainConfig) -> str:
+    if train_config.device is None:
+        return train_config.accelerator
+    kind = train_config.device.split(":")[0]
+    return {"cuda": "gpu"}.get(kind, kind)
+
+
+def _as_list(value: Any) -> list:
+    if value is None or value is False:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def build_loggers(train_config: TrainConfig) -> list[Logger]:
+    """metrics.csv always; TensorBoard when installed; W&B and MLflow when asked for."""
+    output = train_config.output_dir
+    loggers: list[Logger] = [CSVLogger(save_dir=output, name="", version="")]
+    if train_config.tensorboard:
+        if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
+            from pytorch_lightning.loggers import TensorBoardLogger
+
+            loggers.append(TensorBoardLogger(save_dir=output, name="", version=""))
+        else:
+            logger.info("tensorboard is not installed; logging to metrics.csv only (pip install 'detrkit[loggers]')")
+    if train_config.wandb:
+        _require("wandb")
+        from pytorch_lightning.loggers import WandbLogger
+
+        loggers.append(WandbLogger(project=train_config.project or "detrkit", name=train_config.run,
+                                   save_dir=output))
+    if train_config.mlflow:
+        _require("mlflow")
+        from pytorch_lightning.loggers import MLFlowLogger
+
+        loggers.append(MLFlowLogger(experiment_name=train_config.project or "detrkit", run_name=train_config.run,
+                                    tracking_uri=f"file:{Path(output) / 'mlruns'}"))
+    return loggers
+
+
+def _require(package: str) -> None:
+    if importlib.util.find_spec(package) is None:
+        raise ImportError(f"{package}=True needs the {package} package: pip install 'detrkit[loggers]'")
