@@ -1,7 +1,22 @@
-"""Training on PyTorch Lightning: `build_trainer`, `RFDETRModelModule`, `RFDETRDataModule`."""
+"""Training on PyTorch Lightning: `build_trainer`, `RFDETRModelModule`, `RFDETRDataModule`.
 
-from detrkit.training.datamodule import RFDETRDataModule
-from detrkit.training.module import RFDETRModelModule
-from detrkit.training.trainer import build_trainer
+The three load lazily, so that pure submodules (optim, coco_map, ...) import without Lightning.
+"""
 
-__all__ = ["RFDETRDataModule", "RFDETRModelModule", "build_trainer"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "RFDETRDataModule": "detrkit.training.datamodule",
+    "RFDETRModelModule": "detrkit.training.module",
+    "build_trainer": "detrkit.training.trainer",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'detrkit.training' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
