@@ -1,0 +1,1 @@
+"""Hungarian matching and the detection losses computed from matched outputs."""

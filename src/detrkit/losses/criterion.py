@@ -1,0 +1,119 @@
+"""Detection set loss: match every output layer to the targets and weigh its loss terms (spec 7)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from detrkit.config import ModelConfig, TrainConfig
+from detrkit.losses.matcher import HungarianMatcher
+from detrkit.losses.terms import giou_box_loss, ia_bce_loss, l1_box_loss
+from detrkit.ops.boxes import cxcywh_to_xyxy, elementwise_box_iou
+from detrkit.structures import DetectorOutput, Target
+
+
+@dataclass
+class LossOutput:
+    """total = Σ weight·term; terms unweighted, keyed `loss_ce`, `loss_ce_0`, `loss_ce_enc`, ...;
+    class_error and cardinality_error (final layer, no grad) are for logging only."""
+
+    total: torch.Tensor
+    terms: dict[str, torch.Tensor]
+    class_error: torch.Tensor
+    cardinality_error: torch.Tensor
+
+
+@dataclass
+class Matches:
+    """Matched pairs of one layer, flat: query (M,) = image * Q + query, target (M,) into all targets."""
+
+    query: torch.Tensor
+    target: torch.Tensor
+
+
+def num_boxes_normaliser(targets: list[Target], groups: int, device: torch.device) -> torch.Tensor:
+    """Σ #GT × groups, averaged over ranks, at least 1 (spec 7.2); a tensor, so no host sync."""
+    count = torch.tensor(float(sum(len(t.labels) for t in targets) * groups), device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(count)
+        count = count / dist.get_world_size()
+    return count.clamp(min=1)
+
+
+def flatten_matches(matches: list[tuple[torch.Tensor, torch.Tensor]], sizes: list[int], queries: int,
+                    device: torch.device) -> Matches:
+    """Per-image (query, target) index pairs -> flat indices into B*Q queries and all targets."""
+    starts = torch.tensor([0, *sizes[:-1]]).cumsum(0)
+    query = torch.cat([q + i * queries for i, (q, _) in enumerate(matches)])
+    target = torch.cat([t + starts[i] for i, (_, t) in enumerate(matches)])
+    return Matches(query.to(device, non_blocking=True), target.to(device, non_blocking=True))
+
+
+class SetCriterion:
+    """Hungarian-matched IA-BCE, L1 and GIoU losses for the final, auxiliary and encoder outputs."""
+
+    def __init__(self, matcher: HungarianMatcher, cls_loss_coef: float = 1.0, bbox_loss_coef: float = 5.0,
+                 giou_loss_coef: float = 2.0, focal_alpha: float = 0.25) -> None:
+        self.matcher = matcher
+        self.weights = {"loss_ce": cls_loss_coef, "loss_bbox": bbox_loss_coef, "loss_giou": giou_loss_coef}
+        self.focal_alpha = focal_alpha
+
+    def __call__(self, outputs: DetectorOutput, targets: list[Target], groups: int) -> LossOutput:
+        """groups: query groups G in training, 1 in evaluation (Q // num_queries)."""
+        num_boxes = num_boxes_normaliser(targets, groups, outputs.pred_logits.device)
+        labels = torch.cat([t.labels for t in targets])
+        boxes = torch.cat([t.boxes for t in targets])
+        matches = {suffix: self.match(layer, targets, groups) for suffix, layer in _layers(outputs)}
+        terms, total = {}, 0
+        for suffix, layer in _layers(outputs):
+            for name, term in self.layer_terms(layer, matches[suffix], labels, boxes, num_boxes).items():
+                terms[name + suffix] = term
+                total = total + self.weights[name] * term
+        errors = logging_errors(outputs, matches[""], labels, [len(t.labels) for t in targets])
+        return LossOutput(total, terms, *errors)
+
+    def match(self, layer: DetectorOutput, targets: list[Target], groups: int) -> Matches:
+        matches = self.matcher(layer.pred_logits, layer.pred_boxes, targets, groups)
+        sizes = [len(t.labels) for t in targets]
+        return flatten_matches(matches, sizes, layer.pred_logits.shape[1], layer.pred_logits.device)
+
+    def layer_terms(self, layer: DetectorOutput, matches: Matches, labels: torch.Tensor, boxes: torch.Tensor,
+                    num_boxes: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Unweighted loss_ce, loss_bbox, loss_giou of one output layer."""
+        pred_boxes = layer.pred_boxes.flatten(0, 1)[matches.query]  # (M, 4)
+        target_boxes, target_labels = boxes[matches.target], labels[matches.target]
+        iou = elementwise_box_iou(cxcywh_to_xyxy(pred_boxes.detach()), cxcywh_to_xyxy(target_boxes))
+        return {
+            "loss_ce": ia_bce_loss(layer.pred_logits, matches.query, target_labels, iou, num_boxes, self.focal_alpha),
+            "loss_bbox": l1_box_loss(pred_boxes, target_boxes, num_boxes),
+            "loss_giou": giou_box_loss(pred_boxes, target_boxes, num_boxes),
+        }
+
+
+def _layers(outputs: DetectorOutput) -> list[tuple[str, DetectorOutput]]:
+    """(suffix, output) for the final layer, each auxiliary decoder layer and the encoder proposals."""
+    layers = [("", outputs)] + [(f"_{i}", aux) for i, aux in enumerate(outputs.aux_outputs or [])]
+    return layers + ([("_enc", outputs.enc_outputs)] if outputs.enc_outputs is not None else [])
+
+
+@torch.no_grad()
+def logging_errors(outputs: DetectorOutput, matches: Matches, labels: torch.Tensor,
+                   sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """class_error: 100 − top-1 accuracy (%) of matched queries; cardinality_error: mean over images
+    of |#queries with max σ > 0.5 − #GT|."""
+    logits = outputs.pred_logits
+    correct = logits.flatten(0, 1)[matches.query].argmax(-1) == labels[matches.target]
+    class_error = 100 - 100 * correct.float().sum() / max(len(correct), 1)
+    predicted = (logits.sigmoid().amax(-1) > 0.5).sum(1).float()  # (B,)
+    cardinality_error = (predicted - torch.tensor(sizes, device=logits.device)).abs().mean()
+    return class_error, cardinality_error
+
+
+def build_criterion(model_config: ModelConfig, train_config: TrainConfig) -> SetCriterion:
+    """The detection criterion; matcher costs, box weights and focal alpha are fixed (spec 1.4)."""
+    if not model_config.ia_bce_loss:
+        raise NotImplementedError("only the IA-BCE classification loss (ia_bce_loss=True) is implemented; "
+                                  "the sigmoid focal loss (ia_bce_loss=False) is not")
+    return SetCriterion(HungarianMatcher(), cls_loss_coef=train_config.cls_loss_coef)
