@@ -1,0 +1,114 @@
+"""The torch Dataset every format shares: parsed annotation records in, (pixels, Target) out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision import tv_tensors
+
+from detrkit.datasets.images import read_image, to_tensor
+from detrkit.ops.boxes import xyxy_to_cxcywh
+from detrkit.structures import Target
+
+# (image, {"boxes", "labels", "area"}) -> (normalised float image, same keys), e.g. a v2.Compose
+SampleTransform = Callable[[tv_tensors.Image, dict[str, Any]], tuple[torch.Tensor, dict[str, Any]]]
+
+
+@dataclass
+class ImageRecord:
+    """One image's annotations as read from disk, crowd regions included.
+
+    boxes (N, 4) float32 xyxy normalised by the image size and clamped to [0, 1]; labels (N,)
+    int64; iscrowd (N,) bool; area (N,) source pixels, or None for "box area"; size (H, W) when
+    the annotation file states it, else None (read from the image header when needed).
+    """
+
+    path: Path
+    image_id: int
+    boxes: np.ndarray
+    labels: np.ndarray
+    iscrowd: np.ndarray
+    area: np.ndarray | None = None
+    size: tuple[int, int] | None = None
+
+
+class DetectionDataset(Dataset):
+    """Decodes record images, applies `transform` to pixels and boxes, returns (pixels, Target)."""
+
+    def __init__(self, records: list[ImageRecord], class_names: list[str], transform: SampleTransform,
+                 label_to_category_id: dict[int, int] | None = None) -> None:
+        self.records = records
+        self.class_names = list(class_names)
+        self.transform = transform
+        # the data set's own category id behind each label (identity where labels are the ids)
+        self.label_to_category_id = label_to_category_id or {i: i for i in range(len(class_names))}
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, Target]:
+        record = self.records[index]
+        image = tv_tensors.Image(to_tensor(read_image(record.path)))
+        height, width = image.shape[-2:]
+        keep = ~record.iscrowd
+        boxes = torch.from_numpy(record.boxes[keep]) * torch.tensor([width, height, width, height])
+        area = _box_area(boxes) if record.area is None else torch.from_numpy(record.area[keep])
+        sample = {
+            "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(height, width)),
+            "labels": torch.from_numpy(record.labels[keep]),
+            "area": area,
+        }
+        pixels, sample = self.transform(image, sample)
+        return pixels.as_subclass(torch.Tensor), _to_target(sample, record.image_id, (height, width),
+                                                            tuple(pixels.shape[-2:]))
+
+    def coco_ground_truth(self) -> dict:
+        """COCO-format {images, annotations, categories} in label space (category_id = label),
+        boxes xywh in source pixels, crowd regions included; annotation ids count from 1."""
+        images, annotations = [], []
+        for record in self.records:
+            height, width = record.size or _header_size(record.path)
+            images.append({"id": record.image_id, "file_name": record.path.name, "width": width, "height": height})
+            boxes = record.boxes * np.array([width, height, width, height], dtype=np.float32)
+            area = record.area if record.area is not None else _box_area(torch.from_numpy(boxes)).numpy()
+            for box, label, crowd, box_area in zip(boxes.tolist(), record.labels.tolist(),
+                                                   record.iscrowd.tolist(), area.tolist()):
+                annotations.append({
+                    "id": len(annotations) + 1, "image_id": record.image_id, "category_id": label,
+                    "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]], "area": box_area,
+                    "iscrowd": int(crowd),
+                })
+        categories = [{"id": label, "name": name, "supercategory": "none"}
+                      for label, name in enumerate(self.class_names)]
+        return {"images": images, "annotations": annotations, "categories": categories}
+
+
+def _box_area(boxes: torch.Tensor) -> torch.Tensor:
+    return (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+
+
+def _to_target(sample: dict[str, Any], image_id: int, orig_size: tuple[int, int],
+               size: tuple[int, int]) -> Target:
+    """Drop boxes a crop emptied; xyxy pixels -> cxcywh normalised by the output size."""
+    boxes = sample["boxes"].as_subclass(torch.Tensor)
+    keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    height, width = size
+    scale = torch.tensor([width, height, width, height], dtype=boxes.dtype)
+    return Target(boxes=xyxy_to_cxcywh(boxes[keep]) / scale, labels=sample["labels"][keep],
+                  image_id=image_id, orig_size=orig_size, size=size, area=sample["area"][keep])
+
+
+def _header_size(path: Path) -> tuple[int, int]:
+    """(H, W) from the image header without decoding the pixels."""
+    try:
+        with Image.open(path) as image:
+            return image.height, image.width
+    except (OSError, SyntaxError, ValueError) as error:
+        raise ValueError(f"cannot read the size of image {path}: {error}") from error

@@ -1,0 +1,114 @@
+"""The default torchvision augmentation pipeline (spec 12.8) and its multi-scale sizes (12.9)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as TF
+
+from detrkit.datasets.images import IMAGENET_MEAN, IMAGENET_STD
+from detrkit.structures import Batch
+
+CROP_SHORT_SIDES = (400, 500, 600)  # branch B resizes the shortest side to one of these first
+CROP_SIDE_RANGE = (384, 600)  # then crops a square with a side in this range
+MAX_LONG_SIDE = 1333  # aspect-keeping resizes cap the long side here
+SCALE_OFFSETS = {True: range(-5, 6), False: range(-3, 5)}  # by expanded_scales
+
+
+class RandomSquareCrop(v2.Transform):
+    """Crop a square at a uniform position; side uniform in [min(low, m), m], m = min(high, H, W).
+    Boxes are translated and clamped; the dataset drops the ones left empty."""
+
+    def __init__(self, low: int = CROP_SIDE_RANGE[0], high: int = CROP_SIDE_RANGE[1]) -> None:
+        super().__init__()
+        self.low, self.high = low, high
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        height, width = next(TF.get_size(x) for x in flat_inputs if isinstance(x, tv_tensors.Image))
+        largest = min(self.high, height, width)
+        side = int(torch.randint(min(self.low, largest), largest + 1, ()))
+        top = int(torch.randint(0, height - side + 1, ()))
+        left = int(torch.randint(0, width - side + 1, ()))
+        return {"top": top, "left": left, "height": side, "width": side}
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        return self._call_kernel(TF.crop, inpt, **params)
+
+
+def build_train_transform(scales: Sequence[int], square: bool = True, scale_jitter: bool = True,
+                          flip_p: float = 0.5) -> v2.Compose:
+    """Resize to a random scale (branch A), or with `scale_jitter` a fair coin's choice between A
+    and B = shortest side to 400/500/600, random square crop, resize; then flip and normalise.
+    `square` resizes to (s, s); otherwise the shortest side becomes s (long side <= 1333)."""
+    resize = _resize_to_scale(scales, square)
+    if scale_jitter:
+        crop = v2.Compose([v2.RandomShortestSize(list(CROP_SHORT_SIDES), antialias=True),
+                           RandomSquareCrop(), _resize_to_scale(scales, square)])
+        resize = v2.RandomChoice([resize, crop])
+    return v2.Compose([resize, v2.RandomHorizontalFlip(flip_p), *_normalise()])
+
+
+def build_eval_transform(resolution: int, square: bool = True) -> v2.Compose:
+    """Resize to (resolution, resolution), or shortest side = resolution (long <= 1333); normalise."""
+    if square:
+        resize = v2.Resize((resolution, resolution), antialias=True)
+    else:
+        resize = v2.Resize(resolution, max_size=MAX_LONG_SIDE, antialias=True)
+    return v2.Compose([resize, *_normalise()])
+
+
+def _resize_to_scale(scales: Sequence[int], square: bool) -> v2.Transform:
+    if not scales or any(s < 1 for s in scales):
+        raise ValueError(f"scales must be positive sizes, got {list(scales)}")
+    if square:
+        return v2.RandomChoice([v2.Resize((s, s), antialias=True) for s in scales])
+    return v2.RandomShortestSize(list(scales), max_size=MAX_LONG_SIDE, antialias=True)
+
+
+def _normalise() -> list[v2.Transform]:
+    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+
+
+def multi_scale_sizes(resolution: int, block: int, expanded: bool = True) -> list[int]:
+    """Training sides: multiples of `block` around `resolution` (offsets -5..5 expanded, else
+    -3..4), keeping those >= 2 * block."""
+    base = resolution // block
+    return [(base + offset) * block for offset in SCALE_OFFSETS[expanded] if base + offset >= 2]
+
+
+def sample_scales(mode: str, resolution: int, block: int, expanded: bool = True) -> list[int]:
+    """The sides the dataset resizes to: the largest training scale for "per-batch" (the step
+    resizes the batch later), all of them for "per-sample", the resolution for "off"."""
+    if mode == "off":
+        return [resolution]
+    scales = multi_scale_sizes(resolution, block, expanded)
+    if mode == "per-batch":
+        return [max(scales)]
+    if mode == "per-sample":
+        return scales
+    raise ValueError(f"multi_scale must be 'off', 'per-batch' or 'per-sample', got {mode!r}")
+
+
+def batch_scale(step: int, scales: Sequence[int]) -> int:
+    """The square side of optimizer step `step`; the same for every micro-batch of that step."""
+    return random.Random(step).choice(scales)
+
+
+def resize_batch(batch: Batch, size: int) -> Batch:
+    """Resize the padded batch to (size, size): pixels bilinear without antialias, padding mask
+    nearest; normalised boxes are unchanged, each target's `size` follows its content."""
+    pixels = F.interpolate(batch.pixels, size=(size, size), mode="bilinear", align_corners=False, antialias=False)
+    padding = None
+    if batch.padding is not None:
+        padding = F.interpolate(batch.padding[:, None].float(), size=(size, size), mode="nearest")[:, 0].bool()
+    height, width = batch.pixels.shape[-2:]
+    targets = [replace(t, size=(round(t.size[0] * size / height), round(t.size[1] * size / width)))
+               for t in batch.targets]
+    return Batch(pixels, padding, targets)
