@@ -269,3 +269,7 @@ class TrainConfig(_Strict):
     @classmethod
     def _realpath(cls, value: str | None) -> str | None:
         return None if value is None else os.path.realpath(os.path.expanduser(value))
+
+
+# the COCO evaluators behind OnePassCocoMeanAveragePrecision; keys of detrkit.training.coco_map._BACKENDS
+CocoEvalBackend = Literal["vernier", "hotcoco", "ufcoco", "faster_coco_eval"]

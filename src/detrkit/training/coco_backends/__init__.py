@@ -1,0 +1,1 @@
+"""COCO evaluator packages behind OnePassCocoMeanAveragePrecision, one file per package."""

@@ -1,0 +1,52 @@
+"""Binary masks to COCO's uncompressed run-length encoding, batched in torch.
+
+COCO reads a mask column by column (Fortran order) and starts with a run of zeros, so a mask
+whose first pixel is set begins with a zero-length run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def encode_masks(masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run lengths of N (H, W) masks: (all runs concatenated (R,), runs per mask (N,)), int64.
+
+    Stays on the masks' device; the nonzero() it needs synchronises a GPU once per call.
+    """
+    num, height, width = masks.shape
+    pixels = height * width
+    columns = masks.bool().transpose(1, 2).reshape(num, pixels)  # (N, W*H), column-major
+    padded = torch.cat([columns.new_zeros(num, 1), columns], dim=1)  # the leading run is of zeros
+    changes = (padded[:, 1:] != padded[:, :-1]).nonzero()  # (C, 2) mask, pixel where a run ends
+    ends = torch.stack([torch.arange(num, device=masks.device), torch.full((num,), pixels, device=masks.device)], 1)
+    bounds = torch.cat([changes, ends])  # every run's end, per mask
+    bounds = bounds[torch.argsort(bounds[:, 0] * (pixels + 1) + bounds[:, 1])]  # by mask, then pixel
+    mask_index, position = bounds.unbind(1)
+    starts = torch.roll(position, 1)
+    first = torch.ones_like(mask_index, dtype=torch.bool)
+    first[1:] = mask_index[1:] != mask_index[:-1]
+    runs = position - torch.where(first, torch.zeros_like(starts), starts)
+    return runs, torch.bincount(mask_index, minlength=num)
+
+
+def split_runs(runs: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+    """Per-mask uint32 run arrays from the concatenated encoding."""
+    runs = runs.astype(np.uint32)
+    ends = np.cumsum(lengths).tolist()
+    return [runs[start:end] for start, end in zip([0] + ends[:-1], ends)]
+
+
+def mask_areas(runs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """(N,) float64 pixel counts: the sums of each mask's odd (foreground) runs."""
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    foreground = (np.arange(len(runs)) - starts) % 2 == 1
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    return np.bincount(owner[foreground], weights=runs[foreground], minlength=len(lengths)).astype(np.float64)
+
+
+def decode_runs(runs: np.ndarray, height: int, width: int) -> np.ndarray:
+    """(H, W) bool mask of one run-length array; the inverse of encode_masks, for tests."""
+    values = np.arange(len(runs)) % 2 == 1
+    return np.repeat(values, runs).reshape(width, height).T
