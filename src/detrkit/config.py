@@ -190,6 +190,8 @@ class ModelConfig(_Strict):
         return self.patch_size * self.num_windows
 
 
+# the COCO evaluators behind OnePassCocoMeanAveragePrecision; keys of detrkit.training.coco_map._BACKENDS
+CocoEvalBackend = Literal["vernier", "hotcoco", "ufcoco", "faster_coco_eval"]
 MultiScale = Literal["off", "per-batch", "per-sample"]
 DatasetFormat = Literal["roboflow", "coco", "yolo"]
 
@@ -226,6 +228,7 @@ class TrainConfig(_Strict):
     prefetch_factor: int | None = Field(None, ge=1)
     eval_interval: int = Field(1, ge=1)
     eval_max_dets: int = Field(500, ge=1)
+    eval_backend: CocoEvalBackend = "vernier"
     run_test: bool = False
     seed: int | None = None
     progress_bar: Literal["tqdm", "rich"] | None = "tqdm"
@@ -269,7 +272,3 @@ class TrainConfig(_Strict):
     @classmethod
     def _realpath(cls, value: str | None) -> str | None:
         return None if value is None else os.path.realpath(os.path.expanduser(value))
-
-
-# the COCO evaluators behind OnePassCocoMeanAveragePrecision; keys of detrkit.training.coco_map._BACKENDS
-CocoEvalBackend = Literal["vernier", "hotcoco", "ufcoco", "faster_coco_eval"]

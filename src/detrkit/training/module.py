@@ -46,13 +46,14 @@ class RFDETRModelModule(pl.LightningModule):
         outputs = self.model(batch.pixels, batch.padding)
         losses = self.criterion(outputs, batch.targets, groups=self.model.groups)
         size = len(batch)
-        self.log("train/loss", losses.total, prog_bar=True, on_step=True, on_epoch=True, batch_size=size)
+        self.log("train/loss", losses.total, on_step=False, on_epoch=True, batch_size=size)
+        self.log("loss", losses.total, prog_bar=True, on_step=True, on_epoch=False, logger=False, batch_size=size)
         for name, value in _compact_terms(losses.terms).items():
             self.log(f"train/{name}", value, on_step=False, on_epoch=True, batch_size=size)
         for name in ("class_error", "cardinality_error"):
             self.log(f"train/{name}", getattr(losses, name), on_step=False, on_epoch=True, batch_size=size)
         self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], prog_bar=True, on_step=True,
-                 on_epoch=False, batch_size=size)
+                 on_epoch=False, logger=False, batch_size=size)
         return losses.total
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
@@ -65,7 +66,7 @@ class RFDETRModelModule(pl.LightningModule):
         outputs = self.model(batch.pixels, batch.padding)
         sizes = torch.tensor([t.orig_size for t in batch.targets], device=batch.pixels.device)
         detections = top_detections(outputs.pred_logits, outputs.pred_boxes, sizes, self.model_config.num_select)
-        evaluator = self._evaluators.setdefault(stage, DetectionEvaluator(self.train_config.eval_max_dets))
+        evaluator = self._evaluators.setdefault(stage, DetectionEvaluator(self.train_config.eval_max_dets, self.train_config.eval_backend))
         evaluator.add(detections, [_pixel_boxes(t) for t in batch.targets])
 
     def on_validation_epoch_end(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,8 @@ def _as_list(value: Any) -> list:
 def build_loggers(train_config: TrainConfig) -> list[Logger]:
     """metrics.csv always; TensorBoard when installed; W&B and MLflow when asked for."""
     output = train_config.output_dir
+    # metrics.csv lives in output_dir beside our own files, which Lightning would warn about
+    warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
     loggers: list[Logger] = [CSVLogger(save_dir=output, name="", version="")]
     if train_config.tensorboard:
         if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
