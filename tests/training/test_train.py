@@ -154,3 +154,19 @@ def test_custom_lightning_loop_from_the_public_pieces(roboflow_dir, tmp_path, ti
     assert trainer.num_devices == 1
     trainer.fit(RFDETRModelModule(model_config, train_config), datamodule=data)
     assert CountSteps.steps == 2
+
+
+def test_all_query_groups_train_even_after_predict(roboflow_dir, tmp_path, tiny_kwargs):
+    import pytorch_lightning as pl
+
+    seen = []
+
+    class Watch(pl.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            seen.append(module.model.training)
+
+    model = RFDETRNano(**tiny_kwargs)
+    model.predict(torch.rand(3, 64, 64))  # leaves the detector in eval mode
+    model.train(dataset_dir=str(roboflow_dir), output_dir=str(tmp_path / "out"), callbacks=[Watch()], **FAST)
+    assert seen and all(seen)
+    assert not model.model.training  # back in eval mode for predict

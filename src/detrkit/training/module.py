@@ -40,11 +40,17 @@ class RFDETRModelModule(pl.LightningModule):
     def forward(self, pixels: torch.Tensor, padding: torch.Tensor | None = None):
         return self.model(pixels, padding)
 
+    def on_train_epoch_start(self) -> None:
+        # Lightning keeps submodules that were in eval mode before fit in eval mode; an RFDETR's
+        # detector is, after predict(). Training must run all query groups.
+        self.model.train()
+
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         if self.train_scales:  # one scale per optimizer step, shared by its micro-batches
             batch = resize_batch(batch, batch_scale(self.global_step, self.train_scales))
         outputs = self.model(batch.pixels, batch.padding)
-        losses = self.criterion(outputs, batch.targets, groups=self.model.groups)
+        groups = self.model.groups if self.model.training else 1
+        losses = self.criterion(outputs, batch.targets, groups=groups)
         size = len(batch)
         self.log("train/loss", losses.total, on_step=False, on_epoch=True, batch_size=size)
         self.log("loss", losses.total, prog_bar=True, on_step=True, on_epoch=False, logger=False, batch_size=size)

@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Time one epoch of the reference rfdetr's train() (run with the reference's interpreter).
+
+    REF/bin/python benchmarks/reference_train_epoch.py --dataset DIR --output DIR [--ema]
+
+Prints one JSON line: {"impl": "reference", "seconds": ..., "map_50": ...}.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+import warnings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--resolution", type=int, default=320)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--ema", action="store_true")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    real_stdout, sys.stdout = sys.stdout, sys.stderr
+    import torch
+    from rfdetr import RFDETRNano
+
+    torch.set_num_threads(args.threads)
+    model = RFDETRNano(pretrain_weights=None, device="cpu", resolution=args.resolution)
+    start = time.perf_counter()
+    model.train(dataset_dir=args.dataset, output_dir=args.output, epochs=args.epochs, batch_size=args.batch_size,
+                num_workers=args.workers, use_ema=args.ema, seed=0, tensorboard=False, progress_bar=None)
+    seconds = time.perf_counter() - start
+    with open(os.path.join(args.output, "metrics.csv"), newline="") as stream:
+        rows = [r for r in csv.DictReader(stream) if r.get("val/mAP_50")]
+    sys.stdout = real_stdout
+    print(json.dumps({"impl": "reference", "seconds": seconds,
+                      "map_50": [float(r["val/mAP_50"]) for r in rows]}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

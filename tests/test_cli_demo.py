@@ -1,0 +1,56 @@
+"""The `detrkit` command and the demo, on tiny settings."""
+
+import csv
+import json
+
+import pytest
+
+from detrkit import cli, demo
+from detrkit.datasets.synthetic import make_synthetic_dataset
+
+
+def test_demo_trains_reports_and_draws(tmp_path, monkeypatch, tiny_kwargs, capsys):
+    tiny = {k: v for k, v in tiny_kwargs.items() if k not in ("device", "num_classes")}
+    monkeypatch.setattr(demo, "DEMO_MODEL", tiny)
+    monkeypatch.setattr(demo, "DEMO_TRAINING", {**demo.DEMO_TRAINING, "num_workers": 0, "progress_bar": None})
+    result = demo.run_demo(tmp_path / "demo", epochs=2)
+    assert len(result["map_by_epoch"]) == 2
+    assert result["picture"].is_file() and result["picture"].stat().st_size > 1000
+    out = capsys.readouterr().out
+    assert "validation mAP@50:95 by epoch" in out and str(result["picture"]) in out
+
+
+def test_validation_history_reads_validated_rows(tmp_path):
+    path = tmp_path / "metrics.csv"
+    with open(path, "w", newline="") as stream:
+        writer = csv.DictWriter(stream, ["epoch", "train/loss", "val/mAP_50_95"])
+        writer.writeheader()
+        writer.writerows([{"epoch": 0, "train/loss": 3}, {"epoch": 0, "val/mAP_50_95": 0.1},
+                          {"epoch": 1, "val/mAP_50_95": 0.25}])
+    assert demo.validation_history(path) == [0.1, 0.25]
+
+
+def test_train_command_maps_options(tmp_path, capsys):
+    data = make_synthetic_dataset(tmp_path / "data", num_train=4, num_valid=2, image_size=(64, 64))
+    code = cli.main(["train", "--dataset", str(data), "--model", "nano", "--weights", "none", "--epochs", "1",
+                     "--batch-size", "2", "--resolution", "64", "--output", str(tmp_path / "out"),
+                     "--num-workers", "0", "--device", "cpu", "--set", "multi_scale=off", "--set",
+                     "progress_bar=null", "--set", "tensorboard=false", "--set", "max_steps=2"])
+    assert code == 0
+    record = json.loads((tmp_path / "out" / "training_config.json").read_text())
+    assert record["train_config"]["multi_scale"] == "off" and record["train_config"]["batch_size"] == 2
+    assert record["model_config"]["resolution"] == 64
+    assert "training finished" in capsys.readouterr().out
+
+
+def test_set_requires_name_value():
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        cli._parse_settings(["oops"])
+    assert cli._parse_settings(["lr=0.001", "run=name"]) == {"lr": 0.001, "run": "name"}
+
+
+def test_predict_command_draws(tmp_path, capsys):
+    assert cli.main(["predict", "--random-weights", "--device", "cpu", "--threshold", "0.99",
+                     "--save-image", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").is_file()
+    assert "detections at confidence > 0.99" in capsys.readouterr().out
