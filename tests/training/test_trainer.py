@@ -1,0 +1,47 @@
+"""build_trainer and its loggers: defaults, pass-through, missing logger packages."""
+
+import importlib.util
+
+import pytest
+
+from detrkit.config import TrainConfig
+from detrkit.training.trainer import build_loggers, build_trainer, split_train_kwargs
+
+
+def config(tmp_path, **kwargs) -> TrainConfig:
+    return TrainConfig(dataset_dir=str(tmp_path), output_dir=str(tmp_path / "out"), **kwargs)
+
+
+def test_defaults_one_device_csv_logger_and_clip(tmp_path):
+    trainer = build_trainer(config(tmp_path, tensorboard=False, grad_accum_steps=3, epochs=7))
+    assert trainer.num_devices == 1 and trainer.max_epochs == 7
+    assert trainer.accumulate_grad_batches == 3 and trainer.gradient_clip_val == 0.1
+    assert [type(l).__name__ for l in trainer.loggers] == ["CSVLogger"]
+    assert trainer.loggers[0].log_dir.rstrip("/") == str(tmp_path / "out")
+
+
+def test_zero_clip_disables_clipping_and_kwargs_override(tmp_path):
+    trainer = build_trainer(config(tmp_path, clip_max_norm=0.0), max_steps=5)
+    assert trainer.gradient_clip_val is None and trainer.max_steps == 5
+
+
+def test_split_sends_trainer_arguments_through_and_rejects_the_rest(tmp_path):
+    train_config, passthrough = split_train_kwargs(
+        {"dataset_dir": str(tmp_path), "epochs": 2, "limit_val_batches": 3, "devices": 1})
+    assert train_config.epochs == 2 and train_config.devices == 1 and passthrough == {"limit_val_batches": 3}
+    with pytest.raises(Exception, match="no_such_option"):
+        split_train_kwargs({"dataset_dir": str(tmp_path), "no_such_option": 1})
+
+
+@pytest.mark.parametrize("flag", ["wandb", "mlflow"])
+def test_requested_logger_without_package_names_the_extra(tmp_path, flag):
+    if importlib.util.find_spec(flag):
+        pytest.skip(f"{flag} is installed")
+    with pytest.raises(ImportError, match=r"detrkit\[loggers\]"):
+        build_loggers(config(tmp_path, **{flag: True}))
+
+
+def test_progress_bar_choices(tmp_path):
+    assert not build_trainer(config(tmp_path, progress_bar=None)).progress_bar_callback
+    assert type(build_trainer(config(tmp_path, progress_bar="tqdm")).progress_bar_callback).__name__ == "TQDMProgressBar"
+    assert config(tmp_path, progress_bar=True).progress_bar == "tqdm"
