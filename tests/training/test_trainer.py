@@ -45,3 +45,9 @@ def test_progress_bar_choices(tmp_path):
     assert not build_trainer(config(tmp_path, progress_bar=None)).progress_bar_callback
     assert type(build_trainer(config(tmp_path, progress_bar="tqdm")).progress_bar_callback).__name__ == "TQDMProgressBar"
     assert config(tmp_path, progress_bar=True).progress_bar == "tqdm"
+
+
+def test_tensorboard_logger_when_installed(tmp_path):
+    pytest.importorskip("tensorboard")
+    names = [type(l).__name__ for l in build_loggers(config(tmp_path, tensorboard=True))]
+    assert names == ["CSVLogger", "TensorBoardLogger"]
