@@ -53,8 +53,7 @@ class RFDETRDataModule(pl.LightningDataModule):
         return self.train_config.eval_batch_size or self.train_config.batch_size
 
     def _world_size(self) -> int:
-        trainer = self._trainer if hasattr(self, "_trainer") else None
-        return trainer.world_size if trainer is not None else 1
+        return self.trainer.world_size if self.trainer is not None else 1
 
     def _loader(self, dataset: Dataset, batch_size: int, shuffle: bool = False, sampler=None,
                 drop_last: bool = False) -> DataLoader:
