@@ -8,6 +8,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from detrkit.ops.linear import Linear, PackedWeight, packed_linear, packing_applies, scaled_residual_linear
+from detrkit.ops.position import resize_grid_embeddings
 
 
 class PatchEmbeddings(nn.Module):
@@ -40,10 +41,7 @@ class Embeddings(nn.Module):
         key = (rows, cols, table._version, table.data_ptr(), table.dtype)
         if not torch.is_grad_enabled() and self._pos_cache is not None and self._pos_cache[0] == key:
             return self._pos_cache[1]
-        square = table.float().reshape(1, grid, grid, -1).permute(0, 3, 1, 2)  # (1, C, grid, grid)
-        resized = F.interpolate(square, size=(rows, cols), mode="bicubic", align_corners=False,
-                                antialias=table.device.type != "mps")
-        result = resized.to(table.dtype).permute(0, 2, 3, 1).reshape(rows * cols, -1)
+        result = resize_grid_embeddings(table, rows, cols)
         if not torch.is_grad_enabled():
             self._pos_cache = (key, result)
         return result

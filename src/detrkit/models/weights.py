@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from detrkit.models.heads.box import tile_rows
+from detrkit.ops.position import resize_grid_embeddings
 
 logger = logging.getLogger(__name__)
 
@@ -154,11 +154,8 @@ def resize_position_embeddings(table: torch.Tensor, rows: int) -> torch.Tensor:
     """(1, 1 + g*g, C) table -> (1, rows, C): bicubic resize of the patch grid, CLS row kept."""
     if table.shape[1] == rows:
         return table
-    old, new = round((table.shape[1] - 1) ** 0.5), round((rows - 1) ** 0.5)
-    grid = table[:, 1:].float().reshape(1, old, old, -1).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid, size=(new, new), mode="bicubic", align_corners=False, antialias=True)
-    grid = grid.permute(0, 2, 3, 1).reshape(1, new * new, -1).to(table.dtype)
-    return torch.cat((table[:, :1], grid), 1)
+    side = round((rows - 1) ** 0.5)
+    return torch.cat((table[:, :1], resize_grid_embeddings(table[0, 1:], side, side)[None]), 1)
 
 
 def _check_compatible(path: Path, weights: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> None:
