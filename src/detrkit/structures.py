@@ -49,7 +49,9 @@ class Target:
     boxes (N, 4) normalised cxcywh relative to the transformed, unpadded image; labels (N,)
     int64 class indices; area (N,) box or segment area in source-image pixels (COCO's area
     ranges use it); image_id the dataset's id; orig_size and size (H, W) of the source and
-    transformed image.
+    transformed image. Crowd regions (COCO iscrowd=1) are kept apart from the boxes, which
+    losses train on, for evaluation to ignore detections on them: crowd_boxes (M, 4) xyxy in
+    source-image pixels, so no transform or resize touches them; crowd_labels (M,) int64.
     """
 
     boxes: torch.Tensor
@@ -58,11 +60,15 @@ class Target:
     orig_size: tuple[int, int]
     size: tuple[int, int]
     area: torch.Tensor | None = None
+    crowd_boxes: torch.Tensor | None = None
+    crowd_labels: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> Target:
-        area = None if self.area is None else self.area.to(device, non_blocking=True)
-        return Target(self.boxes.to(device, non_blocking=True), self.labels.to(device, non_blocking=True),
-                      self.image_id, self.orig_size, self.size, area)
+        def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.to(device, non_blocking=True)
+
+        return Target(move(self.boxes), move(self.labels), self.image_id, self.orig_size, self.size,
+                      move(self.area), move(self.crowd_boxes), move(self.crowd_labels))
 
 
 @dataclass

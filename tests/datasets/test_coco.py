@@ -54,6 +54,19 @@ def test_horizontal_flip_mirrors_box_and_pixels(roboflow_dir):
     torch.testing.assert_close(flipped[0], plain[0].flip(-1))
 
 
+def test_crowd_regions_reach_the_target_in_source_pixels_whatever_the_transform(roboflow_dir):
+    files = (roboflow_dir / "train/_annotations.coco.json", roboflow_dir / "train")
+    for transform in (EVAL, build_train_transform([48], scale_jitter=False, flip_p=1.0)):
+        target = CocoDetection(*files, transform)[0][1]
+        # the crowd dog [100, 50, 50, 30] (xywh) of the 200x100 image, untouched by resize and flip
+        torch.testing.assert_close(target.crowd_boxes, torch.tensor([[100.0, 50.0, 150.0, 80.0]]))
+        assert target.crowd_labels.tolist() == [1] and target.labels.tolist() == [0]
+    valid = CocoDetection(roboflow_dir / "valid/_annotations.coco.json", roboflow_dir / "valid", EVAL)[0][1]
+    assert valid.crowd_boxes.shape == (0, 4) and valid.crowd_labels.dtype == torch.int64
+    moved = target.to("cpu")
+    assert torch.equal(moved.crowd_boxes, target.crowd_boxes) and torch.equal(moved.crowd_labels, target.crowd_labels)
+
+
 def test_annotation_area_is_kept_and_missing_area_is_box_area(tmp_path):
     path = coco_file(tmp_path, [annotation(0, [0, 0, 10, 20], area=123.0), annotation(1, [50, 50, 10, 4])])
     assert CocoDetection(path, tmp_path, EVAL)[0][1].area.tolist() == [123.0, 40.0]

@@ -86,11 +86,14 @@ def test_resize_batch_resizes_pixels_and_mask_keeps_boxes():
     padding = torch.zeros(2, 64, 64, dtype=torch.bool)
     padding[1, :, 32:] = True  # the second image is 64x32, padded on the right
     boxes = torch.tensor([[0.5, 0.5, 0.2, 0.2]])
-    targets = [Target(boxes, torch.tensor([0]), i, (100, 100), (64, 64 - 32 * i)) for i in range(2)]
+    crowds = torch.tensor([[10.0, 10.0, 50.0, 40.0]])  # source pixels: no resize moves them
+    targets = [Target(boxes, torch.tensor([0]), i, (100, 100), (64, 64 - 32 * i), crowd_boxes=crowds,
+                      crowd_labels=torch.tensor([0])) for i in range(2)]
     out = resize_batch(Batch(pixels, padding, targets), 96)
     assert out.pixels.shape == (2, 3, 96, 96) and torch.allclose(out.pixels, torch.ones(()))
     assert out.padding.shape == (2, 96, 96) and not out.padding[0].any()
     assert out.padding[1, :, 48:].all() and not out.padding[1, :, :48].any()
     assert [t.size for t in out.targets] == [(96, 96), (96, 48)]
     assert out.targets[1].boxes is boxes and out.targets[1].orig_size == (100, 100)
+    assert all(t.crowd_boxes is crowds for t in out.targets)
     assert resize_batch(Batch(pixels, None, targets), 32).padding is None

@@ -23,6 +23,7 @@ def test_box_and_polygon_lines_become_normalised_cxcywh(yolo_dir):
     torch.testing.assert_close(target.boxes, torch.tensor([[0.5, 0.5, 0.2, 0.4], [0.2, 0.4, 0.2, 0.4]]))
     assert target.labels.tolist() == [0, 1]
     torch.testing.assert_close(target.area, torch.tensor([20.0 * 20.0, 20.0 * 20.0]))
+    assert target.crowd_boxes.shape == (0, 4) and target.crowd_labels.shape == (0,)  # YOLO has no crowds
 
 
 def test_image_without_label_file_is_background(yolo_dir):

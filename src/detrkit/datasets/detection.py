@@ -40,7 +40,11 @@ class ImageRecord:
 
 
 class DetectionDataset(Dataset):
-    """Decodes record images, applies `transform` to pixels and boxes, returns (pixels, Target)."""
+    """Decodes record images, applies `transform` to pixels and boxes, returns (pixels, Target).
+
+    Crowd regions stay out of the transformed boxes; every split's Target carries them apart,
+    in source pixels, for evaluation.
+    """
 
     def __init__(self, records: list[ImageRecord], class_names: list[str], transform: SampleTransform,
                  label_to_category_id: dict[int, int] | None = None) -> None:
@@ -58,7 +62,8 @@ class DetectionDataset(Dataset):
         image = tv_tensors.Image(to_tensor(read_image(record.path)))
         height, width = image.shape[-2:]
         keep = ~record.iscrowd
-        boxes = torch.from_numpy(record.boxes[keep]) * torch.tensor([width, height, width, height])
+        scale = torch.tensor([width, height, width, height])
+        boxes = torch.from_numpy(record.boxes[keep]) * scale
         area = _box_area(boxes) if record.area is None else torch.from_numpy(record.area[keep])
         sample = {
             "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(height, width)),
@@ -66,8 +71,11 @@ class DetectionDataset(Dataset):
             "area": area,
         }
         pixels, sample = self.transform(image, sample)
-        return pixels.as_subclass(torch.Tensor), _to_target(sample, record.image_id, (height, width),
-                                                            tuple(pixels.shape[-2:]))
+        target = _to_target(sample, record.image_id, (height, width), tuple(pixels.shape[-2:]))
+        # crowd regions skip the transform: evaluation reads them in source pixels
+        target.crowd_boxes = torch.from_numpy(record.boxes[record.iscrowd]) * scale
+        target.crowd_labels = torch.from_numpy(record.labels[record.iscrowd])
+        return pixels.as_subclass(torch.Tensor), target
 
     def coco_ground_truth(self) -> dict:
         """COCO-format {images, annotations, categories} in label space (category_id = label),

@@ -10,10 +10,17 @@ from detrkit.training.confidence_sweep import sweep_confidence
 
 class DetectionEvaluator:
     """Accumulates per-image detections and ground truth without host syncs; `compute()` moves
-    everything to the CPU once and returns metric name -> value."""
+    everything to the CPU once and returns metric name -> value.
 
-    def __init__(self, max_dets: int, backend: str = "vernier") -> None:
+    With `class_names` (label i is named class_names[i]), `compute()` adds `AP/<name>`, the
+    COCO AP of each class that has ground truth (crowd regions aside). Classes seen only among
+    the detections have no AP (the metric's -1) and are left out, so the keys depend only on
+    the ground truth and stay the same from epoch to epoch.
+    """
+
+    def __init__(self, max_dets: int, backend: str = "vernier", class_names: list[str] | None = None) -> None:
         self.max_dets, self.backend = max_dets, backend
+        self.class_names = None if class_names is None else list(class_names)
         self._detections: list[dict[str, torch.Tensor]] = []
         self._truth: list[dict[str, torch.Tensor]] = []
 
@@ -25,10 +32,26 @@ class DetectionEvaluator:
         detections = [{k: v.cpu() for k, v in d.items()} for d in self._detections]
         truth = [{k: v.cpu() for k, v in t.items()} for t in self._truth]
         metric = OnePassCocoMeanAveragePrecision(iou_type="bbox", backend=self.backend,
-                                                 max_detection_thresholds=[1, 10, self.max_dets])
+                                                 max_detection_thresholds=[1, 10, self.max_dets],
+                                                 class_metrics=self.class_names is not None)
         metric.update(detections, truth)
         result = metric.compute()
         sweep = sweep_confidence(detections, truth)
-        return {"mAP_50_95": float(result["map"]), "mAP_50": float(result["map_50"]),
-                "mAP_75": float(result["map_75"]), "mAR": float(result[f"mar_{self.max_dets}"]),
-                "precision": sweep.best_precision, "recall": sweep.best_recall, "F1": sweep.best_f1}
+        values = {"mAP_50_95": float(result["map"]), "mAP_50": float(result["map_50"]),
+                  "mAP_75": float(result["map_75"]), "mAR": float(result[f"mar_{self.max_dets}"]),
+                  "precision": sweep.best_precision, "recall": sweep.best_recall, "F1": sweep.best_f1}
+        if self.class_names is not None:
+            values |= self._per_class(result["classes"].tolist(), result["map_per_class"].reshape(-1).tolist())
+        return values
+
+    def _per_class(self, classes: list[int], average_precision: list[float]) -> dict[str, float]:
+        """`AP/<name>` of each class with ground truth (AP -1 marks the others)."""
+        values = {}
+        for label, value in zip(classes, average_precision):
+            if value == -1.0:
+                continue
+            if not 0 <= label < len(self.class_names):
+                raise ValueError(f"ground truth label {label} has no name among the {len(self.class_names)} "
+                                 f"class_names {self.class_names}")
+            values[f"AP/{self.class_names[label]}"] = value
+        return values
