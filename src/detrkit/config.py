@@ -229,7 +229,23 @@ class TrainConfig(_Strict):
     eval_interval: int = Field(1, ge=1)
     eval_max_dets: int = Field(500, ge=1)
     eval_backend: CocoEvalBackend = "vernier"
+    log_per_class_metrics: bool = False
     run_test: bool = False
+    resume: str | None = None  # a full checkpoint (last.ckpt, checkpoint_<epoch>.ckpt) or a .pth
+    use_ema: bool = True
+    ema_decay: float = Field(0.993, ge=0, lt=1)
+    ema_tau: float = Field(100, gt=0)
+    ema_update_interval: int = Field(1, ge=1)
+    eval_base_model: bool = False
+    checkpoint_interval: int = Field(10, ge=1)
+    best_model_metric: Literal["map", "mar"] = "map"
+    skip_best_epochs: int = Field(0, ge=0)
+    smooth_alpha: float = Field(0.0, ge=0, lt=1)
+    early_stopping: bool = False
+    early_stopping_patience: int = Field(10, ge=1)
+    early_stopping_min_delta: float = Field(0.001, ge=0)
+    early_stopping_use_ema: bool = False
+    notes: str | None = None
     seed: int | None = None
     progress_bar: Literal["tqdm", "rich"] | None = "tqdm"
     tensorboard: bool = True

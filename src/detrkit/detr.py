@@ -114,20 +114,34 @@ class RFDETR:
         import pytorch_lightning as pl
 
         from detrkit.training import RFDETRDataModule, RFDETRModelModule, build_trainer
-        from detrkit.training.run_record import write_training_config
+        from detrkit.training.checkpoints import BEST_TOTAL
+        from detrkit.training.resume import open_resume_point, warm_start
+        from detrkit.training.run_record import carry_over_metrics, write_training_config
         from detrkit.training.trainer import split_train_kwargs
 
         train_config, trainer_kwargs = split_train_kwargs(kwargs)
         datamodule = RFDETRDataModule(self.model_config, train_config)
         self._fit_classes(datamodule.class_names)
+        resume = (open_resume_point(train_config.resume, train_config.output_dir, self.model)
+                  if train_config.resume else None)
         if train_config.seed is not None:
             pl.seed_everything(train_config.seed + int(os.environ.get("RANK", 0)), workers=True, verbose=False)
         write_training_config(train_config, self.model_config, self.class_names)
-        module = RFDETRModelModule(self.model_config, train_config, detector=self.model, class_names=self.class_names)
+        module = RFDETRModelModule(self.model_config, train_config, detector=self.model, class_names=self.class_names,
+                                   model_name=type(self).__name__)
         trainer = build_trainer(train_config, **trainer_kwargs)
-        trainer.fit(module, datamodule=datamodule)
-        if train_config.run_test and datamodule.splits.test is not None:
+        if resume is not None:
+            carry_over_metrics(trainer, train_config.output_dir, resume.epoch)
+            if not resume.full:
+                warm_start(resume, trainer, module, train_config.output_dir)
+        self.model.train()
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume.ckpt_path if resume else None)
+        best = os.path.join(train_config.output_dir, BEST_TOTAL)
+        if train_config.run_test and datamodule.splits.test is not None and os.path.isfile(best):
+            final = {k: v.clone() for k, v in self.model.state_dict().items()}
+            self.model.load_state_dict(read_checkpoint(best).weights)
             trainer.test(module, datamodule=datamodule)
+            self.model.load_state_dict(final)
         write_training_config(train_config, self.model_config, self.class_names)
         self.model.to(self.device).eval()
 

@@ -40,6 +40,12 @@ class PackedWeight:
         self._key: tuple | None = None
         self._packed: torch.Tensor | None = None
 
+    def __deepcopy__(self, memo: dict) -> PackedWeight:
+        return PackedWeight()  # a copied module has other tensors: it packs its own
+
+    def __getstate__(self) -> dict:
+        return {"_key": None, "_packed": None}
+
     def get(self, sources: tuple[torch.Tensor, ...], build: Callable[[], torch.Tensor], rows: int) -> torch.Tensor:
         key = tuple((t.data_ptr(), t._version, t.shape) for t in sources)
         if key != self._key or self._packed is None:

@@ -15,7 +15,10 @@ from detrkit.models.detector import Detector
 from detrkit.models.postprocess import top_detections
 from detrkit.ops.boxes import cxcywh_to_xyxy
 from detrkit.structures import Batch, Target
+from detrkit.training.checkpoints import run_metadata
+from detrkit.training.ema import ModelEMA
 from detrkit.training.evaluation import DetectionEvaluator
+from detrkit.training.rng import restore_rng_states, rng_states
 from detrkit.training.optim import build_optimizer, lr_factor
 
 
@@ -26,12 +29,15 @@ class RFDETRModelModule(pl.LightningModule):
     """
 
     def __init__(self, model_config: ModelConfig, train_config: TrainConfig, detector: Detector | None = None,
-                 class_names: list[str] | None = None) -> None:
+                 class_names: list[str] | None = None, model_name: str | None = None) -> None:
         super().__init__()
         self.model_config, self.train_config = model_config, train_config
         self.model = detector if detector is not None else build_model(model_config, train_config.drop_path)
         self.criterion = build_criterion(model_config, train_config)
         self.class_names = class_names
+        # the RFDETR class checkpoints name, so that from_checkpoint() rebuilds the same preset
+        self.model_name = model_name or type(model_config).__name__.removesuffix("Config")
+        self.ema: ModelEMA | None = None  # set by EMACallback at fit start
         block = model_config.block_size
         self.train_scales = (multi_scale_sizes(model_config.resolution, block, train_config.expanded_scales)
                              if train_config.multi_scale == "per-batch" else None)
@@ -68,12 +74,34 @@ class RFDETRModelModule(pl.LightningModule):
     def test_step(self, batch: Batch, batch_idx: int) -> None:
         self._evaluate_step("test", batch)
 
+    @property
+    def evaluates_base_model(self) -> bool:
+        """Whether validation scores the live weights (else only their moving average)."""
+        return self.ema is None or self.train_config.eval_base_model
+
+    def evaluation_tracks(self, stage: str) -> dict[str, Detector]:
+        """Metric-name prefix -> detector to score: "" the live weights, "ema_" their average
+        (validation only, once it has been updated; tests score the weights loaded for them)."""
+        if stage != "val" or self.ema is None or not self.ema.updates:
+            return {"": self.model}
+        tracks = {"ema_": self.ema.module}
+        if self.train_config.eval_base_model:
+            tracks[""] = self.model
+        return tracks
+
     def _evaluate_step(self, stage: str, batch: Batch) -> None:
-        outputs = self.model(batch.pixels, batch.padding)
         sizes = torch.tensor([t.orig_size for t in batch.targets], device=batch.pixels.device)
-        detections = top_detections(outputs.pred_logits, outputs.pred_boxes, sizes, self.model_config.num_select)
-        evaluator = self._evaluators.setdefault(stage, DetectionEvaluator(self.train_config.eval_max_dets, self.train_config.eval_backend))
-        evaluator.add(detections, [_pixel_boxes(t) for t in batch.targets])
+        truth = [_pixel_boxes(t) for t in batch.targets]
+        for prefix, detector in self.evaluation_tracks(stage).items():
+            outputs = detector(batch.pixels, batch.padding)
+            detections = top_detections(outputs.pred_logits, outputs.pred_boxes, sizes, self.model_config.num_select)
+            key = stage + "/" + prefix
+            if key not in self._evaluators:
+                config = self.train_config
+                self._evaluators[key] = DetectionEvaluator(
+                    config.eval_max_dets, config.eval_backend,
+                    **({"class_names": self.class_names} if config.log_per_class_metrics else {}))
+            self._evaluators[key].add(detections, truth)
 
     def on_validation_epoch_end(self) -> None:
         self._log_evaluation("val")
@@ -82,11 +110,21 @@ class RFDETRModelModule(pl.LightningModule):
         self._log_evaluation("test")
 
     def _log_evaluation(self, stage: str) -> None:
-        evaluator = self._evaluators.pop(stage, None)
-        if evaluator is None:
-            return
-        for name, value in evaluator.compute().items():
-            self.log(f"{stage}/{name}", value, sync_dist=False, rank_zero_only=True)
+        scores = {key: self._evaluators.pop(key).compute() for key in list(self._evaluators)
+                  if key.startswith(stage + "/")}
+        if f"{stage}/" not in scores and f"{stage}/ema_" in scores:
+            scores[f"{stage}/"] = scores[f"{stage}/ema_"]  # EMA-only validation: the main keys show it
+        for prefix, values in scores.items():
+            for name, value in values.items():
+                self.log(prefix + name, value, sync_dist=False, rank_zero_only=True)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint.update(run_metadata(self))
+        checkpoint["rng_states"] = rng_states()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "rng_states" in checkpoint:
+            restore_rng_states(checkpoint["rng_states"])
 
     def configure_optimizers(self) -> dict[str, Any]:
         config = self.train_config
@@ -112,8 +150,18 @@ def _compact_terms(terms: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _pixel_boxes(target: Target) -> dict[str, torch.Tensor]:
-    """Ground truth in source-image pixels (xyxy), as the COCO metric expects."""
+    """Ground truth in source-image pixels (xyxy), as the COCO metric expects, crowd regions
+    appended with iscrowd 1 so that detections on them are ignored. An area of 0 (crowds, or
+    no area given) makes the metric take the box's."""
     height, width = target.orig_size
     scale = target.boxes.new_tensor([width, height, width, height])
-    return {"boxes": cxcywh_to_xyxy(target.boxes) * scale, "labels": target.labels,
-            **({"area": target.area} if target.area is not None else {})}
+    boxes = cxcywh_to_xyxy(target.boxes) * scale
+    count = len(target.labels)
+    area = target.area if target.area is not None else boxes.new_zeros(count)
+    crowd_boxes = target.crowd_boxes if target.crowd_boxes is not None else boxes.new_zeros((0, 4))
+    crowd_labels = target.crowd_labels if target.crowd_labels is not None else target.labels.new_zeros(0)
+    crowds = len(crowd_labels)
+    return {"boxes": torch.cat([boxes, crowd_boxes.to(boxes.dtype)]),
+            "labels": torch.cat([target.labels, crowd_labels.to(target.labels.dtype)]),
+            "iscrowd": torch.cat([target.labels.new_zeros(count), target.labels.new_ones(crowds)]),
+            "area": torch.cat([area.to(boxes.dtype), boxes.new_zeros(crowds)])}

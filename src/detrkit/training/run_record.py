@@ -1,26 +1,22 @@
-"""training_config.json: what a run was asked to do, written atomically at its start and end."""
+"""What a run records beside its checkpoints: training_config.json (written atomically at the
+start and end of a run) and metrics.csv rows carried over on resume."""
 
 from __future__ import annotations
 
+import csv
 import json
-import os
-import tempfile
 from pathlib import Path
 
+import pytorch_lightning as pl
+from pytorch_lightning.loggers import CSVLogger
+
 from detrkit.config import ModelConfig, TrainConfig
+from detrkit.training.checkpoints import replace_atomically
 
 
 def write_json_atomically(path: Path, payload: dict) -> None:
     """Write to a temporary file beside `path`, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            json.dump(payload, stream, indent=2)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
+    replace_atomically(path, lambda stream: stream.write(json.dumps(payload, indent=2).encode()))
 
 
 def write_training_config(train_config: TrainConfig, model_config: ModelConfig, class_names: list[str]) -> Path:
@@ -33,3 +29,21 @@ def write_training_config(train_config: TrainConfig, model_config: ModelConfig, 
         "num_classes": len(class_names),
     })
     return path
+
+
+def carry_over_metrics(trainer: pl.Trainer, output_dir: str, last_epoch: int) -> None:
+    """Keep the metrics.csv rows of epochs up to `last_epoch` when resuming into the same directory
+    (Lightning's CSV logger starts its file afresh); rows of later, interrupted epochs are dropped."""
+    path = Path(output_dir) / "metrics.csv"
+    loggers = [lg for lg in trainer.loggers if isinstance(lg, CSVLogger)]
+    if not path.is_file() or not loggers or not trainer.is_global_zero:
+        return
+    with open(path, newline="") as stream:
+        rows = [row for row in csv.DictReader(stream) if row.get("epoch", "").isdigit() and int(row["epoch"]) <= last_epoch]
+    for row in rows:  # values back to numbers; empty cells dropped
+        for key in list(row):
+            if row[key] == "":
+                del row[key]
+            else:
+                row[key] = int(row[key]) if key in ("epoch", "step") else float(row[key])
+    loggers[0].experiment.metrics[:0] = rows  # written with the first new rows

@@ -10,12 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
+from pytorch_lightning.callbacks import ModelCheckpoint, RichProgressBar, TQDMProgressBar
 from pytorch_lightning.loggers import CSVLogger, Logger
 
 from detrkit.config import TrainConfig
+from detrkit.training.callbacks.early_stopping import MetricEarlyStopping
 from detrkit.training.callbacks.schedule import ValidateLastEpoch
 from detrkit.training.callbacks.summary import EpochSummary
+from detrkit.training.checkpoints import AtomicCheckpointIO, BestModels, metric_key
+from detrkit.training.ema import EMACallback
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +27,8 @@ def build_trainer(train_config: TrainConfig, **trainer_kwargs: Any) -> pl.Traine
     """Trainer for `train_config`; keyword arguments override or extend the Trainer's settings
     (devices defaults to 1; callbacks and loggers given here are added to detrkit's)."""
     output = Path(train_config.output_dir)
-    callbacks = [ValidateLastEpoch(), EpochSummary(), *trainer_kwargs.pop("callbacks", [])]
+    callbacks = [ValidateLastEpoch(), EpochSummary(), *run_callbacks(train_config),
+                 *trainer_kwargs.pop("callbacks", [])]
     if train_config.progress_bar == "rich":
         callbacks.append(RichProgressBar())
     elif train_config.progress_bar == "tqdm":
@@ -35,12 +39,35 @@ def build_trainer(train_config: TrainConfig, **trainer_kwargs: Any) -> pl.Traine
         precision="32-true", gradient_clip_val=train_config.clip_max_norm or None,
         gradient_clip_algorithm="norm", accumulate_grad_batches=train_config.grad_accum_steps,
         check_val_every_n_epoch=train_config.eval_interval, num_sanity_val_steps=train_config.num_sanity_val_steps,
-        enable_checkpointing=False, enable_progress_bar=train_config.progress_bar is not None,
-        enable_model_summary=False, log_every_n_steps=10,
+        enable_checkpointing=True, enable_progress_bar=train_config.progress_bar is not None,
+        enable_model_summary=False, log_every_n_steps=10, plugins=[AtomicCheckpointIO()],
+        use_distributed_sampler=False,  # RFDETRDataModule shards the data itself
         logger=[*build_loggers(train_config), *_as_list(trainer_kwargs.pop("logger", []))],
         callbacks=callbacks)
     settings.update(trainer_kwargs)
     return pl.Trainer(**settings)
+
+
+def run_callbacks(train_config: TrainConfig) -> list[pl.Callback]:
+    """EMA, best-weights tracking, full checkpoints and early stopping, as the config asks."""
+    output = train_config.output_dir
+    warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+    callbacks: list[pl.Callback] = []
+    if train_config.use_ema:
+        callbacks.append(EMACallback(train_config.ema_decay, train_config.ema_tau, train_config.ema_update_interval))
+    callbacks.append(BestModels(output, train_config.best_model_metric, train_config.skip_best_epochs,
+                                train_config.smooth_alpha))
+    callbacks.append(ModelCheckpoint(dirpath=output, filename="last", save_top_k=1, every_n_epochs=1,
+                                     enable_version_counter=False, save_on_train_epoch_end=True))
+    callbacks.append(ModelCheckpoint(dirpath=output, filename="checkpoint_{epoch}", auto_insert_metric_name=False,
+                                     save_top_k=-1, every_n_epochs=train_config.checkpoint_interval,
+                                     save_on_train_epoch_end=True))
+    if train_config.early_stopping:
+        callbacks.append(MetricEarlyStopping(
+            metric_key(train_config.best_model_metric), patience=train_config.early_stopping_patience,
+            min_delta=train_config.early_stopping_min_delta, use_ema=train_config.early_stopping_use_ema,
+            skip_epochs=train_config.skip_best_epochs))
+    return callbacks
 
 
 def split_train_kwargs(kwargs: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
