@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -66,8 +68,10 @@ class Decoder(nn.Module):
     def __init__(self, dim: int, num_layers: int, sa_heads: int, ca_heads: int, levels: int,
                  points: int, ffn_dim: int) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(
-            DecoderLayer(dim, sa_heads, ca_heads, levels, points, ffn_dim) for _ in range(num_layers))
+        # Clones of one layer, as in the reference: the transformer then re-draws every >=2-dim
+        # weight, so only the FFN biases (PyTorch default init) start equal in all layers.
+        layer = DecoderLayer(dim, sa_heads, ca_heads, levels, points, ffn_dim)
+        self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
         self.norm = nn.LayerNorm(dim)
         self.ref_point_head = MLP(2 * dim, dim, dim, 2)
 
