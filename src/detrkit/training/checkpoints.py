@@ -18,6 +18,7 @@ from typing import IO, Any
 import pytorch_lightning as pl
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_info
 
 import detrkit
@@ -58,6 +59,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         save_atomically(checkpoint, path)
 
 
+class FileCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint, told apart from other instances by its file name (two of them
+    with the same interval would otherwise share a state key)."""
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(filename=self.filename, every_n_epochs=self._every_n_epochs)
+
+
 def run_metadata(pl_module: pl.LightningModule) -> dict[str, Any]:
     """What every checkpoint of a run says about the model beside its weights."""
     train_config = pl_module.train_config.model_dump(mode="json")
@@ -83,7 +93,7 @@ def lightweight_checkpoint(trainer: pl.Trainer, pl_module: pl.LightningModule,
     return {
         "model": weights,
         **run_metadata(pl_module),
-        "epoch": trainer.current_epoch,
+        "epoch": trainer.fit_loop.epoch_progress.current.ready - 1,  # the epoch last trained
         "global_step": trainer.global_step,
         "loops": {"fit_loop": _epoch_end_loop_state(trainer)},
         "callbacks": callbacks,

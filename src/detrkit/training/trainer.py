@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import ModelCheckpoint, RichProgressBar, TQDMProgressBar
+from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 from pytorch_lightning.loggers import CSVLogger, Logger
 
 from detrkit.config import TrainConfig
 from detrkit.training.callbacks.early_stopping import MetricEarlyStopping
 from detrkit.training.callbacks.schedule import ValidateLastEpoch
 from detrkit.training.callbacks.summary import EpochSummary
-from detrkit.training.checkpoints import AtomicCheckpointIO, BestModels, metric_key
+from detrkit.training.checkpoints import AtomicCheckpointIO, BestModels, FileCheckpoint, metric_key
 from detrkit.training.ema import EMACallback
 
 logger = logging.getLogger(__name__)
@@ -57,9 +57,9 @@ def run_callbacks(train_config: TrainConfig) -> list[pl.Callback]:
         callbacks.append(EMACallback(train_config.ema_decay, train_config.ema_tau, train_config.ema_update_interval))
     callbacks.append(BestModels(output, train_config.best_model_metric, train_config.skip_best_epochs,
                                 train_config.smooth_alpha))
-    callbacks.append(ModelCheckpoint(dirpath=output, filename="last", save_top_k=1, every_n_epochs=1,
+    callbacks.append(FileCheckpoint(dirpath=output, filename="last", save_top_k=1, every_n_epochs=1,
                                      enable_version_counter=False, save_on_train_epoch_end=True))
-    callbacks.append(ModelCheckpoint(dirpath=output, filename="checkpoint_{epoch}", auto_insert_metric_name=False,
+    callbacks.append(FileCheckpoint(dirpath=output, filename="checkpoint_{epoch}", auto_insert_metric_name=False,
                                      save_top_k=-1, every_n_epochs=train_config.checkpoint_interval,
                                      save_on_train_epoch_end=True))
     if train_config.early_stopping:
