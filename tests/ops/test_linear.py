@@ -57,3 +57,18 @@ def test_functional_linear_without_cache_is_plain():
     x, w, b = torch.randn(3, 4), torch.randn(2, 4), torch.randn(2)
     with torch.no_grad():
         assert torch.equal(linear(x, w, b, "relu"), F.relu(F.linear(x, w, b)))
+
+
+def test_deep_copy_after_packed_inference_packs_its_own_weights():
+    import copy
+
+    layer = Linear(8, 4)
+    x = torch.randn(3, 8)
+    with torch.inference_mode():
+        layer(x)  # leaves a packed (opaque) weight in the cache
+    clone = copy.deepcopy(layer)
+    with torch.no_grad():
+        clone.weight.mul_(2)
+    with torch.inference_mode():
+        torch.testing.assert_close(clone(x), F.linear(x, clone.weight, clone.bias))
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
