@@ -4,6 +4,7 @@ import csv
 import json
 
 import pytest
+import torch
 
 from detrkit import cli, demo
 from detrkit.datasets.synthetic import make_synthetic_dataset
@@ -40,7 +41,16 @@ def test_train_command_maps_options(tmp_path, capsys):
     record = json.loads((tmp_path / "out" / "training_config.json").read_text())
     assert record["train_config"]["multi_scale"] == "off" and record["train_config"]["batch_size"] == 2
     assert record["model_config"]["resolution"] == 64
+    assert record["train_config"]["resume"] is None and not record["train_config"]["early_stopping"]
     assert "training finished" in capsys.readouterr().out
+    code = cli.main(["train", "--dataset", str(data), "--weights", "none", "--epochs", "2", "--batch-size", "2",
+                     "--resolution", "64", "--output", str(tmp_path / "out"), "--num-workers", "0",
+                     "--device", "cpu", "--resume", "last", "--early-stopping", "--set", "multi_scale=off",
+                     "--set", "progress_bar=null", "--set", "tensorboard=false"])
+    assert code == 0
+    record = json.loads((tmp_path / "out" / "training_config.json").read_text())
+    assert record["train_config"]["resume"] == "last" and record["train_config"]["early_stopping"]
+    assert torch.load(tmp_path / "out" / "last.ckpt", weights_only=True)["epoch"] == 1
 
 
 def test_set_requires_name_value():

@@ -57,6 +57,10 @@ def _add_train_parser(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--output", default="output", help="output folder (default ./output)")
     train.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     train.add_argument("--num-workers", type=int, default=2)
+    train.add_argument("--resume", help="continue from a checkpoint: OUTPUT/last.ckpt (or 'last') restores "
+                       "everything; a .pth file restores weights and callback states only")
+    train.add_argument("--early-stopping", action="store_true",
+                       help="stop when validation mAP stops improving (patience 10 epochs)")
     train.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                        help="any other TrainConfig field, e.g. --set multi_scale=off")
 
@@ -84,10 +88,11 @@ def _train(args: argparse.Namespace) -> int:
     model = VARIANTS[args.model](**model_kwargs)
     options = dict(dataset_dir=str(args.dataset), output_dir=args.output, epochs=args.epochs,
                    batch_size=args.batch_size, grad_accum_steps=args.grad_accum_steps, lr=args.lr,
-                   num_workers=args.num_workers)
+                   num_workers=args.num_workers, resume=args.resume, early_stopping=args.early_stopping)
     options.update(_parse_settings(args.set))
     model.train(**options)
-    print(f"training finished; files are in {args.output}")
+    print(f"training finished; files are in {args.output} (best weights: checkpoint_best_total.pth, "
+          f"full state for --resume: last.ckpt)")
     return 0
 
 
