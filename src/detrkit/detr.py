@@ -116,7 +116,7 @@ class RFDETR:
         from detrkit.training import RFDETRDataModule, RFDETRModelModule, build_trainer
         from detrkit.training.checkpoints import BEST_TOTAL
         from detrkit.training.resume import open_resume_point, warm_start
-        from detrkit.training.run_record import carry_over_metrics, write_training_config
+        from detrkit.training.run_record import carry_over_metrics
         from detrkit.training.trainer import split_train_kwargs
 
         train_config, trainer_kwargs = split_train_kwargs(kwargs)
@@ -126,7 +126,6 @@ class RFDETR:
                   if train_config.resume else None)
         if train_config.seed is not None:
             pl.seed_everything(train_config.seed + int(os.environ.get("RANK", 0)), workers=True, verbose=False)
-        write_training_config(train_config, self.model_config, self.class_names)
         module = RFDETRModelModule(self.model_config, train_config, detector=self.model, class_names=self.class_names,
                                    model_name=type(self).__name__)
         trainer = build_trainer(train_config, **trainer_kwargs)
@@ -142,7 +141,6 @@ class RFDETR:
             self.model.load_state_dict(read_checkpoint(best).weights)
             trainer.test(module, datamodule=datamodule)
             self.model.load_state_dict(final)
-        write_training_config(train_config, self.model_config, self.class_names)
         self.model.to(self.device).eval()
 
     def _fit_classes(self, class_names: list[str]) -> None:

@@ -43,6 +43,10 @@ class RFDETRModelModule(pl.LightningModule):
                              if train_config.multi_scale == "per-batch" else None)
         self._evaluators: dict[str, DetectionEvaluator] = {}
 
+    def setup(self, stage: str) -> None:
+        if self.class_names is None and self.trainer is not None:  # a custom loop: the data set knows
+            self.class_names = getattr(self.trainer.datamodule, "class_names", None)
+
     def forward(self, pixels: torch.Tensor, padding: torch.Tensor | None = None):
         return self.model(pixels, padding)
 

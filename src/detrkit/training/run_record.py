@@ -31,6 +31,22 @@ def write_training_config(train_config: TrainConfig, model_config: ModelConfig, 
     return path
 
 
+class TrainingConfigRecord(pl.Callback):
+    """training_config.json from the main process, when fitting starts (after the data set and
+    any resume checkpoint were checked) and again when it ends."""
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._write(trainer, pl_module)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._write(trainer, pl_module)
+
+    @staticmethod
+    def _write(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.is_global_zero:
+            write_training_config(pl_module.train_config, pl_module.model_config, pl_module.class_names or [])
+
+
 def carry_over_metrics(trainer: pl.Trainer, output_dir: str, last_epoch: int) -> None:
     """Keep the metrics.csv rows of epochs up to `last_epoch` when resuming into the same directory
     (Lightning's CSV logger starts its file afresh); rows of later, interrupted epochs are dropped."""

@@ -19,6 +19,7 @@ from detrkit.training.callbacks.schedule import ValidateLastEpoch
 from detrkit.training.callbacks.summary import EpochSummary
 from detrkit.training.checkpoints import AtomicCheckpointIO, BestModels, FileCheckpoint, metric_key
 from detrkit.training.ema import EMACallback
+from detrkit.training.run_record import TrainingConfigRecord
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def run_callbacks(train_config: TrainConfig) -> list[pl.Callback]:
     """EMA, best-weights tracking, full checkpoints and early stopping, as the config asks."""
     output = train_config.output_dir
     warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
-    callbacks: list[pl.Callback] = []
+    callbacks: list[pl.Callback] = [TrainingConfigRecord()]
     if train_config.use_ema:
         callbacks.append(EMACallback(train_config.ema_decay, train_config.ema_tau, train_config.ema_update_interval))
     callbacks.append(BestModels(output, train_config.best_model_metric, train_config.skip_best_epochs,
