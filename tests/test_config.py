@@ -63,3 +63,18 @@ def test_compile_on_cpu_is_disabled_with_a_log_line(tiny_kwargs, caplog):
     with caplog.at_level("INFO", logger="detrkit"):
         RFDETRNano(**tiny_kwargs, compile=True)
     assert "compile=True is disabled" in caplog.text
+
+
+def test_train_config_checkpoint_and_ema_settings():
+    from detrkit.config import TrainConfig
+
+    config = TrainConfig(dataset_dir=None)
+    assert (config.use_ema, config.ema_decay, config.ema_tau, config.checkpoint_interval) == (True, 0.993, 100, 10)
+    assert (config.early_stopping, config.early_stopping_patience, config.early_stopping_min_delta) == (False, 10, 0.001)
+    assert config.best_model_metric == "map" and config.resume is None
+    with pytest.raises(ValidationError, match="early_stopping_use_ema=True needs use_ema=True"):
+        TrainConfig(dataset_dir=None, use_ema=False, early_stopping_use_ema=True)
+    with pytest.raises(ValidationError, match="best_model_metric"):
+        TrainConfig(dataset_dir=None, best_model_metric="f1")
+    with pytest.raises(ValidationError, match="checkpoint_interval"):
+        TrainConfig(dataset_dir=None, checkpoint_interval=0)

@@ -288,3 +288,9 @@ class TrainConfig(_Strict):
     @classmethod
     def _realpath(cls, value: str | None) -> str | None:
         return None if value is None else os.path.realpath(os.path.expanduser(value))
+
+    @model_validator(mode="after")
+    def _ema_settings(self) -> TrainConfig:
+        if self.early_stopping_use_ema and not self.use_ema:
+            raise ValueError("early_stopping_use_ema=True needs use_ema=True")
+        return self

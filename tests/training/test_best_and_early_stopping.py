@@ -106,3 +106,16 @@ def test_best_models_smooths_skips_and_picks_the_strictly_better_track(tmp_path)
     assert best.best_total_source() == "regular"  # a tie does not go to the EMA
     best.best["ema"] = 0.41
     assert best.best_total_source() == "ema"
+
+
+def test_per_class_ap_is_logged_by_class_name(data, tmp_path, tiny_kwargs):
+    output = tmp_path / "out"
+    RFDETRNano(**tiny_kwargs).train(dataset_dir=str(data), output_dir=str(output), epochs=1,
+                                    log_per_class_metrics=True, eval_backend="hotcoco", **FAST)
+    with open(data / "valid" / "_annotations.coco.json") as stream:
+        import json
+
+        present = {c["name"] for c in json.load(stream)["categories"]} - {"shapes"}
+    logged = {name.split("/")[-1] for name in columns(output) if name.startswith("val/AP/")}
+    assert logged and logged <= present
+    assert {f"val/ema_AP/{name}" for name in logged} <= columns(output)
