@@ -193,6 +193,10 @@ class ModelConfig(_Strict):
 # the COCO evaluators behind OnePassCocoMeanAveragePrecision; keys of detrkit.training.coco_map._BACKENDS
 CocoEvalBackend = Literal["vernier", "hotcoco", "ufcoco", "faster_coco_eval"]
 MultiScale = Literal["off", "per-batch", "per-sample"]
+# "cpu" and "albumentations": Albumentations per sample in the loader workers; "kornia": per batch on
+# the training device; "auto": Kornia with CUDA, else Albumentations; "torchvision": the default pipeline
+AugmentationBackend = Literal["cpu", "auto", "torchvision", "albumentations", "kornia"]
+AUGMENTATION_BACKEND_ALIASES = {"gpu": "kornia", "tv": "torchvision", "albu": "albumentations"}
 DatasetFormat = Literal["roboflow", "coco", "yolo"]
 
 
@@ -222,6 +226,11 @@ class TrainConfig(_Strict):
     expanded_scales: bool = True
     square_resize_div_64: bool = True
     scale_jitter: bool = True
+    aug_config: dict[str, dict] | None = None  # None: default pipeline; {}: no augmentation
+    augmentation_backend: AugmentationBackend = "cpu"
+    mosaic: float = Field(0.0, ge=0, le=1)  # probability that a training sample is a 2x2 mosaic
+    mixup: float = Field(0.0, ge=0, le=1)  # probability that a training sample is blended with another
+    close_mosaic_epochs: int = Field(0, ge=0)  # the last epochs train without mosaic and mixup
     num_workers: int = Field(2, ge=0)
     pin_memory: bool | None = None
     persistent_workers: bool | None = None
@@ -267,6 +276,14 @@ class TrainConfig(_Strict):
             return "per-batch"
         if value is False:
             return "off"
+        return value
+
+    @field_validator("augmentation_backend", mode="before")
+    @classmethod
+    def _backend_aliases(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.strip().lower()
+            return AUGMENTATION_BACKEND_ALIASES.get(value, value)
         return value
 
     @field_validator("progress_bar", mode="before")

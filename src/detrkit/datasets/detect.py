@@ -8,7 +8,8 @@ from pathlib import Path
 from detrkit.config import DatasetFormat, ModelConfig, TrainConfig
 from detrkit.datasets import coco, yolo
 from detrkit.datasets.detection import DetectionDataset
-from detrkit.datasets.transforms import build_eval_transform, build_train_transform, sample_scales
+from detrkit.datasets.augmentation import build_augmentation
+from detrkit.datasets.transforms import build_eval_transform, sample_scales
 
 # format -> reader of (train, valid, test or None); the only place that branches on the name
 READERS = {"roboflow": coco.roboflow_splits, "coco": coco.coco2017_splits, "yolo": yolo.yolo_splits}
@@ -56,7 +57,7 @@ def build_datasets(train_config: TrainConfig, model_config: ModelConfig) -> Data
     scales = sample_scales(train_config.multi_scale, model_config.resolution, model_config.block_size,
                            train_config.expanded_scales)
     square = train_config.square_resize_div_64
-    train_transform = build_train_transform(scales, square, train_config.scale_jitter)
+    train_transform = build_augmentation(train_config).train_transform(scales, square, train_config.scale_jitter)
     eval_transform = build_eval_transform(model_config.resolution, square)
     train, valid, test = READERS[dataset_format](root, train_transform, eval_transform)
     names = train.class_names

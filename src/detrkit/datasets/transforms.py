@@ -47,12 +47,19 @@ def build_train_transform(scales: Sequence[int], square: bool = True, scale_jitt
     """Resize to a random scale (branch A), or with `scale_jitter` a fair coin's choice between A
     and B = shortest side to 400/500/600, random square crop, resize; then flip and normalise.
     `square` resizes to (s, s); otherwise the shortest side becomes s (long side <= 1333)."""
+    resize = build_train_resize(scales, square, scale_jitter)
+    return v2.Compose([resize, v2.RandomHorizontalFlip(flip_p), *_normalise()])
+
+
+def build_train_resize(scales: Sequence[int], square: bool = True, scale_jitter: bool = True) -> v2.Transform:
+    """The resize stage of the training pipeline alone (branch A, or A or B with `scale_jitter`);
+    the augmentation backends run their own stack after it."""
     resize = _resize_to_scale(scales, square)
     if scale_jitter:
         crop = v2.Compose([v2.RandomShortestSize(list(CROP_SHORT_SIDES), antialias=True),
                            RandomSquareCrop(), _resize_to_scale(scales, square)])
         resize = v2.RandomChoice([resize, crop])
-    return v2.Compose([resize, v2.RandomHorizontalFlip(flip_p), *_normalise()])
+    return resize
 
 
 def build_eval_transform(resolution: int, square: bool = True) -> v2.Compose:

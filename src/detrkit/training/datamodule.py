@@ -11,8 +11,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from detrkit.config import ModelConfig, TrainConfig
 from detrkit.datasets.collate import collate
+from detrkit.datasets.augmentation import build_augmentation
 from detrkit.datasets.detect import DatasetSplits, build_datasets
-from detrkit.training.sampling import EpochSampler, SeededSamples
+from detrkit.datasets.mixing import MixedSamples
+from detrkit.structures import Batch
+from detrkit.training.sampling import EpochSampler, EpochTagged, SeededSamples
 
 # A training epoch draws at least this many optimizer steps' worth of samples from tiny sets.
 MIN_STEPS_PER_EPOCH = 5
@@ -34,6 +37,8 @@ class RFDETRDataModule(pl.LightningDataModule):
         self.splits = splits if splits is not None else build_datasets(train_config, model_config)
         self._collate = functools.partial(collate, block=model_config.block_size)
         self.sample_seed = train_config.seed if train_config.seed is not None else secrets.randbelow(2**31)
+        # the Kornia backend augments and normalises training batches on their device; others: None
+        self.batch_augment = build_augmentation(train_config).batch_augment()
 
     @property
     def class_names(self) -> list[str]:
@@ -49,6 +54,11 @@ class RFDETRDataModule(pl.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         self.sample_seed = int(state_dict["sample_seed"])
 
+    def on_after_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:
+        if self.batch_augment is not None and self.trainer is not None and self.trainer.training:
+            return self.batch_augment(batch)
+        return batch
+
     def train_sampler(self) -> EpochSampler:
         config = self.train_config
         rank, world_size = self._placement()
@@ -57,8 +67,12 @@ class RFDETRDataModule(pl.LightningDataModule):
                             min_samples=MIN_STEPS_PER_EPOCH * window)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(SeededSamples(self.splits.train), self.train_config.batch_size,
-                            sampler=self.train_sampler(), drop_last=True)
+        config = self.train_config
+        samples, sampler = SeededSamples(self.splits.train), self.train_sampler()
+        if config.mosaic or config.mixup:  # the last close_mosaic_epochs train on plain samples
+            samples = MixedSamples(samples, config.mosaic, config.mixup, config.epochs - config.close_mosaic_epochs)
+            sampler = EpochTagged(sampler)
+        return self._loader(samples, config.batch_size, sampler=sampler, drop_last=True)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader(self.splits.valid)

@@ -92,3 +92,23 @@ class SeededSamples(Dataset):
         if name == "dataset":
             raise AttributeError(name)
         return getattr(self.dataset, name)
+
+
+class EpochTagged(Sampler[tuple[int, int, int]]):
+    """Yields the keys of an EpochSampler with its epoch appended, (index, seed, epoch), for data
+    sets whose samples change with the epoch (mosaic and mixup stop for the last epochs). The
+    epoch travels with each key, so loader workers need no shared state to know it."""
+
+    def __init__(self, sampler: EpochSampler) -> None:
+        self.sampler = sampler
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        epoch = self.sampler.epoch
+        for index, seed in self.sampler:
+            yield index, seed, epoch
+
+    def __len__(self) -> int:
+        return len(self.sampler)

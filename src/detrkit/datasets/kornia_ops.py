@@ -1,0 +1,292 @@
+"""Albumentations transforms re-expressed as batched tensor ops, one random draw per sample.
+
+Each op reads the keyword arguments Albumentations documents for its namesake, with the same
+defaults and ranges. Geometric ops return (B, 3, 3) matrices in continuous pixel coordinates of
+each sample's own image ((0, 0) is the top-left corner, (w, h) the bottom-right), identity where
+the op's coin said no; the pipeline composes them and warps once. Colour ops take images
+(B, C, H, W) in [0, 1] and return them changed where their coin said yes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from kornia.color import hsv_to_rgb, rgb_to_grayscale, rgb_to_hsv
+from kornia.filters import gaussian_blur2d
+
+Range = tuple[float, float]
+
+
+class Draws:
+    """Random draws for one batch: tensors from `device` on the batch's device, host-side
+    choices (an order of operations) from `host`; both seeded from one number."""
+
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self.device = device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.host = torch.Generator().manual_seed(seed)
+
+    def uniform(self, bounds: Range, count: int) -> torch.Tensor:
+        low, high = bounds
+        return low + (high - low) * torch.rand(count, generator=self.generator, device=self.device)
+
+    def coin(self, p: float, count: int) -> torch.Tensor:
+        return torch.rand(count, generator=self.generator, device=self.device) < p
+
+    def integers(self, low: int, high: int, count: int) -> torch.Tensor:
+        """Uniform in [low, high], both ends included."""
+        return torch.randint(low, high + 1, (count,), generator=self.generator, device=self.device)
+
+
+def bounds(value: float | Sequence[float], low: float | None = None) -> Range:
+    """A (low, high) pair as Albumentations reads a range argument: a pair stays; a number v
+    becomes (-v, v) when `low` is None, else the sorted pair (low, v)."""
+    if isinstance(value, (int, float)):
+        pair = (-abs(value), abs(value)) if low is None else tuple(sorted((low, value)))
+    elif len(value) == 2:
+        pair = tuple(value)
+    else:
+        raise ValueError(f"expected a number or a (low, high) pair, got {value!r}")
+    if pair[0] > pair[1]:
+        raise ValueError(f"range {value!r} has low > high")
+    return float(pair[0]), float(pair[1])
+
+
+def _around_centre(sizes: torch.Tensor, linear: torch.Tensor,
+                   shift: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, 3, 3) = T(centre + shift) @ linear @ T(-centre); sizes (B, 2) as (w, h), linear (B, 2, 2)."""
+    centre = sizes / 2
+    matrix = torch.zeros(len(sizes), 3, 3, device=sizes.device)
+    matrix[:, :2, :2] = linear
+    offset = centre if shift is None else centre + shift
+    matrix[:, :2, 2] = offset - (linear @ centre[:, :, None])[:, :, 0]
+    matrix[:, 2, 2] = 1
+    return matrix
+
+
+def _rotation(degrees: torch.Tensor) -> torch.Tensor:
+    """(B, 2, 2) rotation as Albumentations builds it (positive turns counter-clockwise on screen)."""
+    radians = torch.deg2rad(degrees % 360)
+    cos, sin = torch.cos(radians), torch.sin(radians)
+    return torch.stack([torch.stack([cos, sin], -1), torch.stack([-sin, cos], -1)], -2)
+
+
+def _keep_where(applied: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    identity = torch.eye(3, device=matrix.device).expand_as(matrix)
+    return torch.where(applied[:, None, None], matrix, identity)
+
+
+class HorizontalFlip:
+    def __init__(self, p: float = 0.5) -> None:
+        self.p = p
+
+    def matrices(self, sizes: torch.Tensor, draws: Draws) -> torch.Tensor:
+        linear = torch.diag(torch.tensor([-1.0, 1.0], device=sizes.device)).expand(len(sizes), 2, 2)
+        return _keep_where(draws.coin(self.p, len(sizes)), _around_centre(sizes, linear))
+
+
+class VerticalFlip:
+    def __init__(self, p: float = 0.5) -> None:
+        self.p = p
+
+    def matrices(self, sizes: torch.Tensor, draws: Draws) -> torch.Tensor:
+        linear = torch.diag(torch.tensor([1.0, -1.0], device=sizes.device)).expand(len(sizes), 2, 2)
+        return _keep_where(draws.coin(self.p, len(sizes)), _around_centre(sizes, linear))
+
+
+class RandomRotate90:
+    """k * 90 degrees, k uniform in 0..3; non-square images turn inside their own frame."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        self.p = p
+
+    def matrices(self, sizes: torch.Tensor, draws: Draws) -> torch.Tensor:
+        applied = draws.coin(self.p, len(sizes))
+        turns = draws.integers(0, 3, len(sizes)).float()
+        return _keep_where(applied, _around_centre(sizes, _rotation(turns * 90).round()))
+
+
+class Rotate:
+    def __init__(self, limit: float | Sequence[float] = (-90, 90), rotate_method: str = "largest_box",
+                 crop_border: bool = False, fill: float = 0, p: float = 0.5) -> None:
+        if rotate_method != "largest_box" or crop_border or fill != 0:
+            raise ValueError("only rotate_method='largest_box', crop_border=False and fill=0 are supported")
+        self.limit, self.p = bounds(limit), p
+
+    def matrices(self, sizes: torch.Tensor, draws: Draws) -> torch.Tensor:
+        applied = draws.coin(self.p, len(sizes))
+        return _keep_where(applied, _around_centre(sizes, _rotation(draws.uniform(self.limit, len(sizes)))))
+
+
+class Affine:
+    """Scale, rotate, shear and translate about the centre, in Albumentations' order and signs;
+    translations are whole pixels (truncated), as there."""
+
+    def __init__(self, scale: float | Sequence[float] = (1.0, 1.0),
+                 translate_percent: float | Sequence[float] | None = None,
+                 rotate: float | Sequence[float] = 0.0, shear: float | Sequence[float] = (0.0, 0.0),
+                 keep_ratio: bool = False, rotate_method: str = "largest_box", fill: float = 0,
+                 p: float = 0.5) -> None:
+        if rotate_method != "largest_box" or fill != 0:
+            raise ValueError("only rotate_method='largest_box' and fill=0 are supported")
+        self.scale, self.rotate, self.shear = _fixed_or_range(scale), _fixed_or_range(rotate), _fixed_or_range(shear)
+        self.translate = _fixed_or_range(0.0 if translate_percent is None else translate_percent)
+        self.keep_ratio, self.p = keep_ratio, p
+
+    def matrices(self, sizes: torch.Tensor, draws: Draws) -> torch.Tensor:
+        count = len(sizes)
+        applied = draws.coin(self.p, count)
+        shift = torch.stack([draws.uniform(self.translate, count), draws.uniform(self.translate, count)], -1)
+        shift = torch.trunc(shift * sizes)
+        shear_x, shear_y = -draws.uniform(self.shear, count), -draws.uniform(self.shear, count)
+        scale_x = draws.uniform(self.scale, count)
+        scale_y = scale_x if self.keep_ratio else draws.uniform(self.scale, count)
+        rotation = _rotation(draws.uniform(self.rotate, count))
+        ones = torch.ones_like(scale_x)
+        shear = torch.stack([torch.stack([ones, torch.tan(torch.deg2rad(shear_x))], -1),
+                             torch.stack([torch.tan(torch.deg2rad(shear_y)), ones], -1)], -2)
+        linear = shear @ rotation @ torch.diag_embed(torch.stack([scale_x, scale_y], -1))
+        return _keep_where(applied, _around_centre(sizes, linear, shift))
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float))
+
+
+def _fixed_or_range(value: float | Sequence[float]) -> Range:
+    """Affine's reading: a number is that value every time, a pair a range."""
+    return bounds(value, value) if _number(value) else bounds(value)
+
+
+def masked_mean(values: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """(B, 1, 1, 1) mean over each image's own pixels; values (B, 1, H, W), valid likewise or None."""
+    if valid is None:
+        return values.mean(dim=(1, 2, 3), keepdim=True)
+    return (values * valid).sum(dim=(1, 2, 3), keepdim=True) / valid.sum(dim=(1, 2, 3), keepdim=True).clamp(min=1)
+
+
+def _per_sample(values: torch.Tensor) -> torch.Tensor:
+    return values[:, None, None, None]  # (B,) -> (B, 1, 1, 1)
+
+
+class RandomBrightnessContrast:
+    """image * (1 + c) + b (b scaled by the image's mean when brightness_by_max is False), clipped."""
+
+    def __init__(self, brightness_limit: float | Sequence[float] = (-0.2, 0.2),
+                 contrast_limit: float | Sequence[float] = (-0.2, 0.2), brightness_by_max: bool = True,
+                 p: float = 0.5) -> None:
+        self.brightness, self.contrast = bounds(brightness_limit), bounds(contrast_limit)
+        self.by_max, self.p = brightness_by_max, p
+
+    def __call__(self, images: torch.Tensor, valid: torch.Tensor | None, draws: Draws) -> torch.Tensor:
+        count = len(images)
+        applied = draws.coin(self.p, count)
+        alpha = torch.where(applied, 1 + draws.uniform(self.contrast, count), 1.0)
+        beta = torch.where(applied, draws.uniform(self.brightness, count), 0.0)
+        beta = _per_sample(beta)
+        if not self.by_max:
+            beta = beta * masked_mean(images.mean(1, keepdim=True), valid)
+        return (images * _per_sample(alpha) + beta).clamp(0, 1)
+
+
+class ColorJitter:
+    """torchvision-style brightness, contrast, saturation and hue factors. The four run in a random
+    order drawn once per batch (Albumentations draws it per image)."""
+
+    def __init__(self, brightness: float | Sequence[float] = (0.8, 1.2),
+                 contrast: float | Sequence[float] = (0.8, 1.2),
+                 saturation: float | Sequence[float] = (0.8, 1.2), hue: float | Sequence[float] = (-0.5, 0.5),
+                 p: float = 0.5) -> None:
+        self.factors = [_factor_range(brightness), _factor_range(contrast), _factor_range(saturation)]
+        self.hue, self.p = bounds(hue), p
+
+    def __call__(self, images: torch.Tensor, valid: torch.Tensor | None, draws: Draws) -> torch.Tensor:
+        count = len(images)
+        applied = draws.coin(self.p, count)
+        factors = [_per_sample(torch.where(applied, draws.uniform(r, count), 1.0)) for r in self.factors]
+        hue = _per_sample(torch.where(applied, draws.uniform(self.hue, count), 0.0))
+        for step in torch.randperm(4, generator=draws.host).tolist():
+            if step == 0:
+                images = (images * factors[0]).clamp(0, 1)
+            elif step == 1:
+                mean = masked_mean(rgb_to_grayscale(images), valid)
+                images = (images * factors[1] + mean * (1 - factors[1])).clamp(0, 1)
+            elif step == 2:
+                gray = rgb_to_grayscale(images)
+                images = (images * factors[2] + gray * (1 - factors[2])).clamp(0, 1)
+            else:
+                hsv = rgb_to_hsv(images)  # hue in radians, [0, 2 pi)
+                shifted = torch.cat([torch.remainder(hsv[:, :1] + hue * 2 * math.pi, 2 * math.pi), hsv[:, 1:]], 1)
+                images = torch.where(_per_sample(applied), hsv_to_rgb(shifted).clamp(0, 1), images)
+        return images
+
+
+def _factor_range(value: float | Sequence[float]) -> Range:
+    if _number(value):
+        return max(0.0, 1 - value), 1 + value
+    return bounds(value)
+
+
+class RandomGamma:
+    def __init__(self, gamma_limit: float | Sequence[float] = (80, 120), p: float = 0.5) -> None:
+        self.limit, self.p = bounds(gamma_limit, 1), p
+
+    def __call__(self, images: torch.Tensor, valid: torch.Tensor | None, draws: Draws) -> torch.Tensor:
+        count = len(images)
+        applied = draws.coin(self.p, count)
+        gamma = torch.where(applied, draws.uniform(self.limit, count) / 100, 1.0)
+        return images.clamp(min=0) ** _per_sample(gamma)
+
+
+class GaussianBlur:
+    """Per-image sigma; every image's kernel is cut at the largest size the settings allow."""
+
+    def __init__(self, blur_limit: int | Sequence[int] = 0, sigma_limit: float | Sequence[float] = (0.5, 3.0),
+                 p: float = 0.5) -> None:
+        self.sigma = bounds(sigma_limit, 0)
+        largest = int(bounds(blur_limit, 0)[1])
+        self.size = largest if largest > 0 else int(self.sigma[1] * 3.5) * 2 + 1
+        self.size += 1 - self.size % 2  # odd
+        self.p = p
+
+    def __call__(self, images: torch.Tensor, valid: torch.Tensor | None, draws: Draws) -> torch.Tensor:
+        count = len(images)
+        applied = draws.coin(self.p, count)
+        sigma = draws.uniform(self.sigma, count).clamp(min=1e-3)
+        blurred = gaussian_blur2d(images, self.size, torch.stack([sigma, sigma], -1))
+        return torch.where(_per_sample(applied), blurred, images)
+
+
+class GaussNoise:
+    def __init__(self, std_range: Sequence[float] = (0.2, 0.44), mean_range: Sequence[float] = (0.0, 0.0),
+                 per_channel: bool = True, p: float = 0.5) -> None:
+        self.std, self.mean = bounds(std_range), bounds(mean_range)
+        self.per_channel, self.p = per_channel, p
+
+    def __call__(self, images: torch.Tensor, valid: torch.Tensor | None, draws: Draws) -> torch.Tensor:
+        count, channels, height, width = images.shape
+        applied = draws.coin(self.p, count)
+        std = torch.where(applied, draws.uniform(self.std, count), 0.0)
+        mean = torch.where(applied, draws.uniform(self.mean, count), 0.0)
+        shape = (count, channels if self.per_channel else 1, height, width)
+        noise = torch.randn(shape, generator=draws.generator, device=draws.device)
+        return (images + noise * _per_sample(std) + _per_sample(mean)).clamp(0, 1)
+
+
+class ToGray:
+    def __init__(self, num_output_channels: int = 3, method: str = "weighted_average", p: float = 0.5) -> None:
+        if method != "weighted_average" or num_output_channels != 3:
+            raise ValueError("only method='weighted_average' with num_output_channels=3 is supported")
+        self.p = p
+
+    def __call__(self, images: torch.Tensor, valid: torch.Tensor | None, draws: Draws) -> torch.Tensor:
+        applied = draws.coin(self.p, len(images))
+        gray = rgb_to_grayscale(images).expand_as(images)
+        return torch.where(_per_sample(applied), gray, images)
+
+
+GEOMETRIC = {op.__name__: op for op in (HorizontalFlip, VerticalFlip, RandomRotate90, Rotate, Affine)}
+COLOUR = {op.__name__: op for op in (RandomBrightnessContrast, ColorJitter, RandomGamma, GaussianBlur,
+                                      GaussNoise, ToGray)}
