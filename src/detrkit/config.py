@@ -265,6 +265,7 @@ class TrainConfig(_Strict):
     accelerator: str = "auto"
     devices: int | str | list[int] = 1
     strategy: str = "auto"
+    sync_bn: bool = False
     num_nodes: int = Field(1, ge=1)
     device: str | None = None  # overrides the model's device for training
     num_sanity_val_steps: int = Field(0, ge=0)
@@ -305,6 +306,15 @@ class TrainConfig(_Strict):
     @classmethod
     def _realpath(cls, value: str | None) -> str | None:
         return None if value is None else os.path.realpath(os.path.expanduser(value))
+
+    @field_validator("strategy")
+    @classmethod
+    def _data_parallel_only(cls, value: str) -> str:
+        if value in ("auto", "single_device") or value.startswith("ddp"):
+            return value
+        raise ValueError(f"strategy={value!r} is not supported for detection training: detrkit runs on one "
+                         f"device or on Lightning's DDP ('ddp', 'ddp_spawn', 'ddp_find_unused_parameters_true'); "
+                         f"sharded strategies such as FSDP and DeepSpeed are not validated with it")
 
     @model_validator(mode="after")
     def _ema_settings(self) -> TrainConfig:

@@ -114,7 +114,6 @@ class RFDETR:
         import pytorch_lightning as pl
 
         from detrkit.training import RFDETRDataModule, RFDETRModelModule, build_trainer
-        from detrkit.training.checkpoints import BEST_TOTAL
         from detrkit.training.resume import open_resume_point, warm_start
         from detrkit.training.run_record import carry_over_metrics
         from detrkit.training.trainer import split_train_kwargs
@@ -135,13 +134,26 @@ class RFDETR:
                 warm_start(resume, trainer, module, train_config.output_dir)
         self.model.train()
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume.ckpt_path if resume else None)
-        best = os.path.join(train_config.output_dir, BEST_TOTAL)
-        if train_config.run_test and datamodule.splits.test is not None and os.path.isfile(best):
-            final = {k: v.clone() for k, v in self.model.state_dict().items()}
-            self.model.load_state_dict(read_checkpoint(best).weights)
-            trainer.test(module, datamodule=datamodule)
-            self.model.load_state_dict(final)
+        if train_config.run_test and datamodule.splits.test is not None:
+            self._test_best_weights(trainer, module, datamodule)
         self.model.to(self.device).eval()
+
+    def _test_best_weights(self, trainer, module, datamodule) -> None:
+        """Score checkpoint_best_total.pth on the test split (logged as test/*), then go back to
+        the final weights. The main process reads the file and hands the weights to the others."""
+        from detrkit.training.checkpoints import BEST_TOTAL
+
+        strategy = trainer.strategy
+        strategy.barrier()  # the main process has written the file
+        best = os.path.join(module.train_config.output_dir, BEST_TOTAL)
+        weights = read_checkpoint(best).weights if trainer.is_global_zero and os.path.isfile(best) else None
+        weights = strategy.broadcast(weights, src=0)
+        if weights is None:
+            return
+        final = {k: v.clone() for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict(weights)
+        trainer.test(module, datamodule=datamodule)
+        self.model.load_state_dict(final)
 
     def _fit_classes(self, class_names: list[str]) -> None:
         """Size the class head for the data set (unless num_classes was set explicitly)."""

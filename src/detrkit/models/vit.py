@@ -26,7 +26,9 @@ class Embeddings(nn.Module):
     def __init__(self, in_channels: int, width: int, patch_size: int, grid: int, registers: int) -> None:
         super().__init__()
         self.cls_token = nn.Parameter(torch.zeros(1, 1, width))
-        self.mask_token = nn.Parameter(torch.zeros(1, width))  # unused; kept for checkpoint layout
+        # never used in a forward pass (DINOv2 masked-image pre-training only); kept for the checkpoint
+        # layout, frozen so that optimizers and DDP leave it alone
+        self.mask_token = nn.Parameter(torch.zeros(1, width), requires_grad=False)
         self.register_tokens = nn.Parameter(torch.zeros(1, registers, width)) if registers else None
         self.position_embeddings = nn.Parameter(torch.zeros(1, grid * grid + 1, width))
         self.patch_embeddings = PatchEmbeddings(in_channels, width, patch_size)

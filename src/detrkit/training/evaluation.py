@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from detrkit.training.coco_map import OnePassCocoMeanAveragePrecision
 from detrkit.training.confidence_sweep import sweep_confidence
@@ -28,12 +29,31 @@ class DetectionEvaluator:
         self._detections += [{k: v.detach() for k, v in d.items()} for d in detections]
         self._truth += [{k: v.detach() for k, v in t.items()} for t in truth]
 
+    def __len__(self) -> int:
+        return len(self._detections)
+
+    def gather(self) -> None:
+        """Take in every process's images (distributed runs), in the data set's order: process r
+        of W scored images r, r + W, r + 2W, ... (see RFDETRDataModule), so interleaving their
+        lists restores the order a single process sees. Every process must call this."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return
+        mine = [[{k: v.cpu() for k, v in d.items()} for d in self._detections],
+                [{k: v.cpu() for k, v in t.items()} for t in self._truth]]
+        parts: list = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, mine)
+        longest = max(len(detections) for detections, _ in parts)
+        order = [(rank, j) for j in range(longest) for rank in range(len(parts)) if j < len(parts[rank][0])]
+        self._detections = [parts[rank][0][j] for rank, j in order]
+        self._truth = [parts[rank][1][j] for rank, j in order]
+
     def compute(self) -> dict[str, float]:
         detections = [{k: v.cpu() for k, v in d.items()} for d in self._detections]
         truth = [{k: v.cpu() for k, v in t.items()} for t in self._truth]
         metric = OnePassCocoMeanAveragePrecision(iou_type="bbox", backend=self.backend,
                                                  max_detection_thresholds=[1, 10, self.max_dets],
-                                                 class_metrics=self.class_names is not None)
+                                                 class_metrics=self.class_names is not None,
+                                                 sync_on_compute=False)  # gather() did that
         metric.update(detections, truth)
         result = metric.compute()
         sweep = sweep_confidence(detections, truth)

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_info
 
 from detrkit.config import ModelConfig, TrainConfig
 from detrkit.datasets.transforms import batch_scale, multi_scale_sizes, resize_batch
@@ -46,6 +47,12 @@ class RFDETRModelModule(pl.LightningModule):
     def setup(self, stage: str) -> None:
         if self.class_names is None and self.trainer is not None:  # a custom loop: the data set knows
             self.class_names = getattr(self.trainer.datamodule, "class_names", None)
+
+    def on_fit_start(self) -> None:
+        config, processes = self.train_config, self.trainer.world_size
+        rank_zero_info(f"effective batch: {config.batch_size} per process x {config.grad_accum_steps} accumulation "
+                       f"x {processes} process{'es' if processes > 1 else ''} = "
+                       f"{config.batch_size * config.grad_accum_steps * processes} images per optimizer step")
 
     def forward(self, pixels: torch.Tensor, padding: torch.Tensor | None = None):
         return self.model(pixels, padding)
@@ -99,13 +106,7 @@ class RFDETRModelModule(pl.LightningModule):
         for prefix, detector in self.evaluation_tracks(stage).items():
             outputs = detector(batch.pixels, batch.padding)
             detections = top_detections(outputs.pred_logits, outputs.pred_boxes, sizes, self.model_config.num_select)
-            key = stage + "/" + prefix
-            if key not in self._evaluators:
-                config = self.train_config
-                self._evaluators[key] = DetectionEvaluator(
-                    config.eval_max_dets, config.eval_backend,
-                    **({"class_names": self.class_names} if config.log_per_class_metrics else {}))
-            self._evaluators[key].add(detections, truth)
+            self._evaluator(stage + "/" + prefix).add(detections, truth)
 
     def on_validation_epoch_end(self) -> None:
         self._log_evaluation("val")
@@ -113,14 +114,31 @@ class RFDETRModelModule(pl.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_evaluation("test")
 
+    def _evaluator(self, key: str) -> DetectionEvaluator:
+        if key not in self._evaluators:
+            config = self.train_config
+            self._evaluators[key] = DetectionEvaluator(
+                config.eval_max_dets, config.eval_backend,
+                **({"class_names": self.class_names} if config.log_per_class_metrics else {}))
+        return self._evaluators[key]
+
     def _log_evaluation(self, stage: str) -> None:
-        scores = {key: self._evaluators.pop(key).compute() for key in list(self._evaluators)
-                  if key.startswith(stage + "/")}
+        """Score the epoch once: every process contributes its images, the main process computes,
+        and all processes log the same numbers (so callbacks agree on them everywhere)."""
+        keys = [stage + "/" + prefix for prefix in self.evaluation_tracks(stage)]
+        evaluators = {key: self._evaluator(key) for key in keys}  # also where this process had no batch
+        self._evaluators = {}
+        for evaluator in evaluators.values():
+            evaluator.gather()
+        if not any(len(evaluator) for evaluator in evaluators.values()):
+            return  # no batch anywhere (limit_val_batches=0, say)
+        scores = {key: evaluator.compute() for key, evaluator in evaluators.items()} if self.trainer.is_global_zero else None
+        scores = self.trainer.strategy.broadcast(scores, src=0)
         if f"{stage}/" not in scores and f"{stage}/ema_" in scores:
             scores[f"{stage}/"] = scores[f"{stage}/ema_"]  # EMA-only validation: the main keys show it
         for prefix, values in scores.items():
             for name, value in values.items():
-                self.log(prefix + name, value, sync_dist=False, rank_zero_only=True)
+                self.log(prefix + name, value, sync_dist=False)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint.update(run_metadata(self))

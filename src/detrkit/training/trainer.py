@@ -39,6 +39,7 @@ def build_trainer(train_config: TrainConfig, **trainer_kwargs: Any) -> pl.Traine
         devices=train_config.devices, strategy=train_config.strategy, num_nodes=train_config.num_nodes,
         precision="32-true", gradient_clip_val=train_config.clip_max_norm or None,
         gradient_clip_algorithm="norm", accumulate_grad_batches=train_config.grad_accum_steps,
+        sync_batchnorm=train_config.sync_bn,
         check_val_every_n_epoch=train_config.eval_interval, num_sanity_val_steps=train_config.num_sanity_val_steps,
         enable_checkpointing=True, enable_progress_bar=train_config.progress_bar is not None,
         enable_model_summary=False, log_every_n_steps=10, plugins=[AtomicCheckpointIO()],
@@ -53,6 +54,8 @@ def run_callbacks(train_config: TrainConfig) -> list[pl.Callback]:
     """EMA, best-weights tracking, full checkpoints and early stopping, as the config asks."""
     output = train_config.output_dir
     warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+    # validation metrics are computed once from all processes' images and broadcast: already in sync
+    warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed setting")
     callbacks: list[pl.Callback] = [TrainingConfigRecord()]
     if train_config.use_ema:
         callbacks.append(EMACallback(train_config.ema_decay, train_config.ema_tau, train_config.ema_update_interval))
