@@ -3,7 +3,7 @@ processes (gloo), launched by Lightning itself or by torchrun. Each process writ
 `rank<r>.json` (its pid, parent pid, validation metrics) and `writes<r>.txt` (every file it wrote
 through detrkit) into the output folder.
 
-    python ddp_run.py train|validate DATA OUTPUT --devices N --batch-size B [--weights FILE]
+    python ddp_run.py train|validate DATA OUTPUT --devices N|auto --batch-size B [--weights FILE]
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("mode", choices=["train", "validate"])
     parser.add_argument("data")
     parser.add_argument("output", type=Path)
-    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--devices", type=lambda v: v if v == "auto" else int(v), default=1)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--weights")
     args = parser.parse_args()
@@ -53,7 +53,7 @@ def main() -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     record_writes(args.output)
     torch.manual_seed(0)
-    distributed = dict(devices=args.devices, accelerator="cpu", strategy="ddp" if args.devices > 1 else "auto")
+    distributed = dict(devices=args.devices, accelerator="cpu", strategy="auto" if args.devices == 1 else "ddp")
     settings = dict(dataset_dir=args.data, output_dir=str(args.output), batch_size=args.batch_size,
                     eval_batch_size=1, num_workers=0, progress_bar=None, tensorboard=False, seed=0)
     model = RFDETRNano(**{**TINY, **({"pretrain_weights": args.weights} if args.weights else {})})

@@ -71,7 +71,8 @@ def test_lightning_launcher_trains_and_only_the_main_process_writes(two_processe
 
 
 def test_torchrun_runs_the_processes_it_started(data, tmp_path):
-    launch("train", str(data), str(tmp_path), "--devices", "2", "--batch-size", "1", torchrun=True)
+    # the documented recipe: devices="auto" in the script, the process layout from torchrun
+    launch("train", str(data), str(tmp_path), "--devices", "auto", "--batch-size", "1", torchrun=True)
     main, other = read_rank(tmp_path, 0), read_rank(tmp_path, 1)
     assert main["ppid"] == other["ppid"]  # both children of torchrun's agent: no process spawned more
     assert not (tmp_path / "writes1.txt").exists()

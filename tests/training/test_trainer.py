@@ -51,3 +51,25 @@ def test_tensorboard_logger_when_installed(tmp_path):
     pytest.importorskip("tensorboard")
     names = [type(l).__name__ for l in build_loggers(config(tmp_path, tensorboard=True))]
     assert names == ["CSVLogger", "TensorBoardLogger"]
+
+
+def test_torchrun_layout_fills_in_auto_devices_and_node_count(monkeypatch):
+    from detrkit.training.trainer import launched_topology
+
+    assert launched_topology("auto", 1) == {"devices": "auto", "num_nodes": 1}  # not under torchrun
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    monkeypatch.setenv("WORLD_SIZE", "16")  # torchrun --nproc_per_node=8 --nnodes=2
+    assert launched_topology("auto", 1) == {"devices": 8, "num_nodes": 2}
+    assert launched_topology(4, 3) == {"devices": 4, "num_nodes": 3}  # explicit settings stand
+
+
+def test_only_data_parallel_strategies_are_accepted():
+    from pydantic import ValidationError
+
+    from detrkit.config import TrainConfig
+
+    for name in ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true"):
+        assert TrainConfig(dataset_dir=None, strategy=name).strategy == name
+    with pytest.raises(ValidationError, match="strategy='fsdp' is not supported"):
+        TrainConfig(dataset_dir=None, strategy="fsdp")

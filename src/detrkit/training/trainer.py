@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ def build_trainer(train_config: TrainConfig, **trainer_kwargs: Any) -> pl.Traine
         callbacks.append(TQDMProgressBar())
     settings: dict[str, Any] = dict(
         default_root_dir=str(output), max_epochs=train_config.epochs, accelerator=_accelerator(train_config),
-        devices=train_config.devices, strategy=train_config.strategy, num_nodes=train_config.num_nodes,
+        **launched_topology(train_config.devices, train_config.num_nodes), strategy=train_config.strategy,
         precision="32-true", gradient_clip_val=train_config.clip_max_norm or None,
         gradient_clip_algorithm="norm", accumulate_grad_batches=train_config.grad_accum_steps,
         sync_batchnorm=train_config.sync_bn,
@@ -48,6 +49,20 @@ def build_trainer(train_config: TrainConfig, **trainer_kwargs: Any) -> pl.Traine
         callbacks=callbacks)
     settings.update(trainer_kwargs)
     return pl.Trainer(**settings)
+
+
+def launched_topology(devices: int | str | list[int], num_nodes: int) -> dict[str, Any]:
+    """Under torchrun, `devices="auto"` means the processes it started on this node, and the
+    default num_nodes=1 follows its node count, so the same script runs on one node or many."""
+    local, world = os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
+    if "TORCHELASTIC_RUN_ID" not in os.environ or local is None or world is None:
+        return {"devices": devices, "num_nodes": num_nodes}
+    local_size, world_size = int(local), int(world)
+    if devices == "auto":
+        devices = local_size
+    if num_nodes == 1 and world_size > local_size:
+        num_nodes = world_size // local_size
+    return {"devices": devices, "num_nodes": num_nodes}
 
 
 def run_callbacks(train_config: TrainConfig) -> list[pl.Callback]:
