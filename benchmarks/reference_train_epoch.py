@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Time one epoch of the reference rfdetr's train() (run with the reference's interpreter).
+"""Time train() of the reference rfdetr on a data set (run with the reference's interpreter).
 
-    REF/bin/python benchmarks/reference_train_epoch.py --dataset DIR --output DIR [--ema]
+    REF/bin/python benchmarks/reference_train_epoch.py --dataset DIR --output DIR [--no-ema] [--seed 0]
 
-Prints one JSON line: {"impl": "reference", "seconds": ..., "map_50": ...}.
+The global torch RNG is seeded with `--seed` before the model is built (weights are initialised at
+construction), and the same seed goes to train() as TrainConfig.seed.
+Prints one JSON line: {"impl": "reference", "seed": ..., "seconds": ..., "map_50": [...per epoch]}.
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--ema", action="store_true")
+    parser.add_argument("--ema", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     real_stdout, sys.stdout = sys.stdout, sys.stderr
@@ -35,15 +38,16 @@ def main() -> int:
     from rfdetr import RFDETRNano
 
     torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
     model = RFDETRNano(pretrain_weights=None, device="cpu", resolution=args.resolution)
     start = time.perf_counter()
     model.train(dataset_dir=args.dataset, output_dir=args.output, epochs=args.epochs, batch_size=args.batch_size,
-                num_workers=args.workers, use_ema=args.ema, seed=0, tensorboard=False, progress_bar=None)
+                num_workers=args.workers, use_ema=args.ema, seed=args.seed, tensorboard=False, progress_bar=None)
     seconds = time.perf_counter() - start
     with open(os.path.join(args.output, "metrics.csv"), newline="") as stream:
         rows = [r for r in csv.DictReader(stream) if r.get("val/mAP_50")]
     sys.stdout = real_stdout
-    print(json.dumps({"impl": "reference", "seconds": seconds,
+    print(json.dumps({"impl": "reference", "seed": args.seed, "ema": args.ema, "seconds": seconds,
                       "map_50": [float(r["val/mAP_50"]) for r in rows]}), flush=True)
     return 0
 

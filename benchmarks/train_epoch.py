@@ -3,9 +3,16 @@
 beside the reference package on the same data in the same run.
 
     python benchmarks/train_epoch.py [--epochs 1] [--train-images 48] [--valid-images 16] \
+        [--ema | --no-ema] [--seed 0 --repeats 1 | --seeds 0 1 2] \
         [--reference-python REF/bin/python] [--out result.json]
 
-The ratio is reference seconds / detrkit seconds. The floor estimate counts the FLOPs of one
+Each seed trains detrkit, then the reference, on the same data (the data set is generated once,
+with seed 0). The seed seeds the global torch RNG before the model is built (both packages
+initialise weights at construction) and is the run's TrainConfig.seed. EMA is on by default on
+both sides, as in both packages. The JSON gives per-seed and mean validation mAP@50 after each
+epoch and per-seed and mean wall times; with `--out` it is rewritten after every run.
+
+The ratio is mean reference seconds / mean detrkit seconds. The floor estimate counts the FLOPs of one
 training step (forward + backward at the nominal resolution) with torch's counter and divides
 by a measured fp32 GEMM rate.
 """
@@ -36,22 +43,31 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--ema", action=argparse.BooleanOptionalAction, default=True,
+                        help="train with an EMA of the weights on both sides (default: on, both packages' default)")
+    parser.add_argument("--seed", type=int, default=0, help="first seed (with --repeats)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs with seeds seed, seed+1, ...")
+    parser.add_argument("--seeds", type=int, nargs="+", help="explicit seeds (overrides --seed/--repeats)")
     parser.add_argument("--reference-python")
     parser.add_argument("--out", type=Path)
     return parser.parse_args()
 
 
-def detrkit_run(args: argparse.Namespace, dataset: Path, output: Path) -> dict:
+def detrkit_run(args: argparse.Namespace, dataset: Path, output: Path, seed: int, count_flops: bool) -> dict:
     from detrkit import RFDETRNano
 
+    torch.manual_seed(seed)  # weights are initialised here, before train() seeds the run
     model = RFDETRNano(pretrain_weights=None, device="cpu", resolution=args.resolution)
     start = time.perf_counter()
     model.train(dataset_dir=str(dataset), output_dir=str(output), epochs=args.epochs, batch_size=args.batch_size,
-                num_workers=args.workers, seed=0, tensorboard=False, progress_bar=None)
+                num_workers=args.workers, use_ema=args.ema, seed=seed, tensorboard=False, progress_bar=None)
     seconds = time.perf_counter() - start
     with open(output / "metrics.csv", newline="") as stream:
         maps = [float(r["val/mAP_50"]) for r in csv.DictReader(stream) if r.get("val/mAP_50")]
-    return {"seconds": seconds, "map_50": maps, "step_gflop": step_gflops(model, args)}
+    result = {"seed": seed, "seconds": seconds, "map_50": maps}
+    if count_flops:
+        result["step_gflop"] = step_gflops(model, args)
+    return result
 
 
 def step_gflops(model, args: argparse.Namespace) -> float:
@@ -67,12 +83,15 @@ def step_gflops(model, args: argparse.Namespace) -> float:
     return counter.get_total_flops() / 1e9
 
 
-def reference_run(args: argparse.Namespace, dataset: Path, output: Path) -> dict:
+def reference_run(args: argparse.Namespace, dataset: Path, output: Path, seed: int) -> dict:
     command = [args.reference_python, str(HERE / "reference_train_epoch.py"), "--dataset", str(dataset),
                "--output", str(output), "--resolution", str(args.resolution), "--batch-size",
                str(args.batch_size), "--epochs", str(args.epochs), "--threads", str(args.threads),
-               "--workers", str(args.workers)]
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
+               "--workers", str(args.workers), "--seed", str(seed), "--ema" if args.ema else "--no-ema"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode:
+        sys.stderr.write(result.stderr[-4000:])
+        raise RuntimeError(f"the reference run failed with exit status {result.returncode}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -90,31 +109,67 @@ def _timed(call) -> float:
     return time.perf_counter() - start
 
 
+def summarise(runs: list[dict]) -> dict:
+    """Per-seed mAP@50 lists and seconds, their means (mAP per epoch)."""
+    maps = [run["map_50"] for run in runs]
+    epochs = min(len(m) for m in maps)
+    return {"seeds": [run["seed"] for run in runs], "per_seed_map_50": maps,
+            "mean_map_50": [sum(m[e] for m in maps) / len(maps) for e in range(epochs)],
+            "per_seed_seconds": [run["seconds"] for run in runs],
+            "mean_seconds": sum(run["seconds"] for run in runs) / len(runs)}
+
+
+def report(args: argparse.Namespace, ours: list[dict], theirs: list[dict], rate: float | None) -> dict:
+    steps = args.epochs * -(-args.train_images // args.batch_size)
+    mine = summarise(ours)
+    result = {"epochs": args.epochs, "train_images": args.train_images, "valid_images": args.valid_images,
+              "resolution": args.resolution, "batch_size": args.batch_size, "threads": args.threads,
+              "workers": args.workers, "ema": args.ema, "seeds": mine["seeds"], "steps": steps,
+              "detrkit": mine, "detrkit_seconds": mine["mean_seconds"], "detrkit_map_50": mine["mean_map_50"]}
+    gflop = ours[0].get("step_gflop")
+    if gflop is not None:
+        result["step_gflop"] = gflop
+        if rate:
+            result.update(gemm_gflop_per_s=rate, step_floor_s=gflop / rate)
+    if theirs:
+        ref = summarise(theirs)
+        paired = ours[:len(theirs)]
+        result.update(reference=ref, reference_seconds=ref["mean_seconds"], reference_map_50=ref["mean_map_50"],
+                      speedup=ref["mean_seconds"] / (sum(r["seconds"] for r in paired) / len(paired)))
+    return result
+
+
 def main() -> int:
     args = parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     from detrkit.datasets.synthetic import make_synthetic_dataset
 
+    seeds = args.seeds if args.seeds else [args.seed + k for k in range(args.repeats)]
+    ours: list[dict] = []
+    theirs: list[dict] = []
+
+    def emit(rate: float | None = None) -> str:
+        text = json.dumps(report(args, ours, theirs, rate), indent=2)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(text + "\n")
+        return text
+
     with tempfile.TemporaryDirectory() as scratch:
         dataset = make_synthetic_dataset(Path(scratch) / "data", num_train=args.train_images,
                                          num_valid=args.valid_images, seed=0)
-        ours = detrkit_run(args, dataset, Path(scratch) / "detrkit")
-        reference = reference_run(args, dataset, Path(scratch) / "reference") if args.reference_python else None
-    steps = args.epochs * -(-args.train_images // args.batch_size)
-    rate = gemm_rate()
-    result = {"epochs": args.epochs, "train_images": args.train_images, "valid_images": args.valid_images,
-              "resolution": args.resolution, "batch_size": args.batch_size, "threads": args.threads,
-              "detrkit_seconds": ours["seconds"], "detrkit_map_50": ours["map_50"],
-              "step_gflop": ours["step_gflop"], "gemm_gflop_per_s": rate,
-              "step_floor_s": ours["step_gflop"] / rate, "steps": steps}
-    if reference:
-        result.update(reference_seconds=reference["seconds"], reference_map_50=reference["map_50"],
-                      speedup=reference["seconds"] / ours["seconds"])
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+        for seed in seeds:
+            ours.append(detrkit_run(args, dataset, Path(scratch) / f"detrkit-{seed}", seed, count_flops=not ours))
+            print(f"detrkit seed {seed}: {ours[-1]['seconds']:.1f} s, mAP@50 {ours[-1]['map_50']}",
+                  file=sys.stderr, flush=True)
+            emit()
+            if args.reference_python:
+                theirs.append(reference_run(args, dataset, Path(scratch) / f"reference-{seed}", seed))
+                print(f"reference seed {seed}: {theirs[-1]['seconds']:.1f} s, mAP@50 {theirs[-1]['map_50']}",
+                      file=sys.stderr, flush=True)
+                emit()
+    print(emit(gemm_rate()))
     return 0
 
 

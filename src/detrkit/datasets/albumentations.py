@@ -67,7 +67,8 @@ class AlbumentationsTransform:
     def __init__(self, resize: v2.Transform, aug_config: dict[str, dict]) -> None:
         self.resize = resize
         self.compose = build_compose(aug_config)
-        self.normalise = v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)
+        self.mean = torch.tensor(IMAGENET_MEAN)[:, None, None]
+        self.std = torch.tensor(IMAGENET_STD)[:, None, None]
 
     def __call__(self, image: tv_tensors.Image, sample: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
         image, sample = self.resize(image, sample)
@@ -76,14 +77,15 @@ class AlbumentationsTransform:
         out = self.compose(image=np.ascontiguousarray(image.permute(1, 2, 0).numpy()),
                            bboxes=boxes.as_subclass(torch.Tensor).numpy(), indices=np.arange(len(boxes)))
         keep = torch.as_tensor(np.asarray(out["indices"], dtype=np.int64))
-        pixels = torch.from_numpy(np.ascontiguousarray(out["image"])).permute(2, 0, 1)  # (C, H, W)
+        pixels = torch.from_numpy(out["image"]).permute(2, 0, 1).contiguous()  # (C, H, W)
         height, width = pixels.shape[-2:]
         kept = torch.as_tensor(np.asarray(out["bboxes"], dtype=np.float32)).reshape(-1, 4)
         sample = {"boxes": tv_tensors.BoundingBoxes(kept, format="XYXY", canvas_size=(height, width)),
                   "labels": sample["labels"][keep], "area": sample["area"][keep]}
-        return self.normalise(_to_float(pixels)), sample
+        return self._normalise(pixels), sample
 
-
-def _to_float(pixels: torch.Tensor) -> torch.Tensor:
-    """uint8 -> [0, 1]; float images (some transforms return them) are taken as already scaled."""
-    return pixels.float() / 255 if pixels.dtype == torch.uint8 else pixels.float()
+    def _normalise(self, pixels: torch.Tensor) -> torch.Tensor:
+        """uint8 (or [0, 1] float, which some transforms return) -> ImageNet-normalised float, in
+        place on a contiguous copy: several times faster than scaling and normalising apart."""
+        scale = 255.0 if pixels.dtype == torch.uint8 else 1.0
+        return pixels.float().sub_(self.mean * scale).mul_(1 / (self.std * scale))

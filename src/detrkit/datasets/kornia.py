@@ -67,23 +67,26 @@ class KorniaAugment:
 
     def __call__(self, batch: Batch) -> Batch:
         pixels = batch.pixels
-        images = pixels.float() / 255 if pixels.dtype == torch.uint8 else pixels.float()  # (B, C, H, W)
+        images = pixels.to(torch.float32, copy=True)  # (B, C, H, W), our own to change in place
+        if pixels.dtype == torch.uint8:
+            images.div_(255)
         draws = kornia_ops.Draws(int(torch.randint(0, 2**62, ())), images.device)
         valid = None if batch.padding is None else (~batch.padding)[:, None].to(images.dtype)  # (B, 1, H, W)
         targets = batch.targets
         if self.geometric:
-            sizes = torch.tensor([[t.size[1], t.size[0]] for t in targets], dtype=torch.float32)
-            sizes = sizes.to(images.device, non_blocking=True)  # (B, 2) each image's (w, h)
-            matrix = torch.eye(3, device=images.device).repeat(len(targets), 1, 1)
+            sizes = torch.tensor([[t.size[1], t.size[0]] for t in targets], dtype=torch.float32)  # (B, 2) w, h
+            matrix = torch.eye(3).repeat(len(targets), 1, 1)
             for op in self.geometric:
                 matrix = op.matrices(sizes, draws) @ matrix
-            images = warp(images, matrix)
+            moved = (matrix - torch.eye(3)).abs().amax(dim=(1, 2)) > 1e-6  # host: which images any op moved
+            images = kornia_ops.on_chosen(images, None, moved.nonzero()[:, 0],
+                                          lambda part, _: warp(part, matrix[moved].to(images.device)))
             targets = move_boxes(targets, matrix, sizes)
         for op in self.colour:
             images = op(images, valid, draws)
-        images = (images - self.mean.to(images.device)) / self.std.to(images.device)
+        images = images.sub_(self.mean.to(images.device)).div_(self.std.to(images.device))
         if batch.padding is not None:
-            images = images.masked_fill(batch.padding[:, None], 0)
+            images = images.masked_fill_(batch.padding[:, None], 0)
         return Batch(images, batch.padding, targets)
 
 
@@ -105,9 +108,10 @@ def move_boxes(targets: list[Target], matrix: torch.Tensor, sizes: torch.Tensor)
     counts = [len(t.labels) for t in targets]
     if not sum(counts):
         return targets
-    device = matrix.device
+    device = targets[0].boxes.device
     owner_host = torch.repeat_interleave(torch.arange(len(targets)), torch.tensor(counts))  # (N,) image of each box
     owner = owner_host.to(device, non_blocking=True)
+    matrix, sizes = matrix.to(device, non_blocking=True), sizes.to(device, non_blocking=True)
     scale = sizes[owner].repeat(1, 2)  # (N, 4) w, h, w, h
     x0, y0, x1, y1 = (cxcywh_to_xyxy(torch.cat([t.boxes for t in targets])) * scale).unbind(-1)
     corners = torch.stack([torch.stack(c, -1) for c in ((x0, y0), (x1, y0), (x1, y1), (x0, y1))], 1)  # (N, 4, 2)

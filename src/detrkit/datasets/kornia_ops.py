@@ -1,10 +1,11 @@
 """Albumentations transforms re-expressed as batched tensor ops, one random draw per sample.
 
 Each op reads the keyword arguments Albumentations documents for its namesake, with the same
-defaults and ranges. Geometric ops return (B, 3, 3) matrices in continuous pixel coordinates of
-each sample's own image ((0, 0) is the top-left corner, (w, h) the bottom-right), identity where
-the op's coin said no; the pipeline composes them and warps once. Colour ops take images
-(B, C, H, W) in [0, 1] and return them changed where their coin said yes.
+defaults and ranges. Coins and parameters are drawn on the host (a few numbers per image), so
+knowing which images an op touches costs no device sync, and an op works on those images only.
+Geometric ops return (B, 3, 3) host matrices in continuous pixel coordinates of each image
+((0, 0) its top-left corner, (w, h) its bottom-right), identity where the coin said no; the
+pipeline composes them and warps once. Colour ops take images (B, C, H, W) in [0, 1].
 """
 
 from __future__ import annotations
@@ -20,24 +21,44 @@ Range = tuple[float, float]
 
 
 class Draws:
-    """Random draws for one batch: tensors from `device` on the batch's device, host-side
-    choices (an order of operations) from `host`; both seeded from one number."""
+    """Random draws for one batch, all from one seed: coins and parameters from `host`, pixel
+    noise from `generator` on the batch's device."""
 
     def __init__(self, seed: int, device: torch.device) -> None:
         self.device = device
-        self.generator = torch.Generator(device=device).manual_seed(seed)
         self.host = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def uniform(self, bounds: Range, count: int) -> torch.Tensor:
         low, high = bounds
-        return low + (high - low) * torch.rand(count, generator=self.generator, device=self.device)
+        return low + (high - low) * torch.rand(count, generator=self.host, dtype=torch.float64).float()
 
     def coin(self, p: float, count: int) -> torch.Tensor:
-        return torch.rand(count, generator=self.generator, device=self.device) < p
+        return torch.rand(count, generator=self.host) < p
+
+    def chosen(self, p: float, count: int) -> torch.Tensor:
+        """Indices of the images an op with probability p applies to."""
+        return self.coin(p, count).nonzero()[:, 0]
 
     def integers(self, low: int, high: int, count: int) -> torch.Tensor:
         """Uniform in [low, high], both ends included."""
-        return torch.randint(low, high + 1, (count,), generator=self.generator, device=self.device)
+        return torch.randint(low, high + 1, (count,), generator=self.host)
+
+
+def on_chosen(images: torch.Tensor, valid: torch.Tensor | None, chosen: torch.Tensor, op) -> torch.Tensor:
+    """op(images, valid) on the chosen images only; the others pass through unchanged."""
+    if len(chosen) == len(images):
+        return op(images, valid)
+    if not len(chosen):
+        return images
+    index = chosen.to(images.device, non_blocking=True)
+    part_valid = None if valid is None else valid.index_select(0, index)
+    return images.index_copy(0, index, op(images.index_select(0, index), part_valid))
+
+
+def on_device(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """(n,) host parameters -> (n, 1, 1, 1) on the images' device."""
+    return values.to(like.device, non_blocking=True)[:, None, None, None]
 
 
 def bounds(value: float | Sequence[float], low: float | None = None) -> Range:
@@ -167,10 +188,6 @@ def masked_mean(values: torch.Tensor, valid: torch.Tensor | None) -> torch.Tenso
     return (values * valid).sum(dim=(1, 2, 3), keepdim=True) / valid.sum(dim=(1, 2, 3), keepdim=True).clamp(min=1)
 
 
-def _per_sample(values: torch.Tensor) -> torch.Tensor:
-    return values[:, None, None, None]  # (B,) -> (B, 1, 1, 1)
-
-
 class RandomBrightnessContrast:
     """image * (1 + c) + b (b scaled by the image's mean when brightness_by_max is False), clipped."""
 
@@ -181,14 +198,14 @@ class RandomBrightnessContrast:
         self.by_max, self.p = brightness_by_max, p
 
     def __call__(self, images: torch.Tensor, valid: torch.Tensor | None, draws: Draws) -> torch.Tensor:
-        count = len(images)
-        applied = draws.coin(self.p, count)
-        alpha = torch.where(applied, 1 + draws.uniform(self.contrast, count), 1.0)
-        beta = torch.where(applied, draws.uniform(self.brightness, count), 0.0)
-        beta = _per_sample(beta)
-        if not self.by_max:
-            beta = beta * masked_mean(images.mean(1, keepdim=True), valid)
-        return (images * _per_sample(alpha) + beta).clamp(0, 1)
+        chosen = draws.chosen(self.p, len(images))
+        alpha = on_device(1 + draws.uniform(self.contrast, len(chosen)), images)
+        beta = on_device(draws.uniform(self.brightness, len(chosen)), images)
+
+        def adjust(part: torch.Tensor, part_valid: torch.Tensor | None) -> torch.Tensor:
+            shift = beta if self.by_max else beta * masked_mean(part.mean(1, keepdim=True), part_valid)
+            return (part * alpha + shift).clamp_(0, 1)
+        return on_chosen(images, valid, chosen, adjust)
 
 
 class ColorJitter:
@@ -203,24 +220,26 @@ class ColorJitter:
         self.hue, self.p = bounds(hue), p
 
     def __call__(self, images: torch.Tensor, valid: torch.Tensor | None, draws: Draws) -> torch.Tensor:
-        count = len(images)
-        applied = draws.coin(self.p, count)
-        factors = [_per_sample(torch.where(applied, draws.uniform(r, count), 1.0)) for r in self.factors]
-        hue = _per_sample(torch.where(applied, draws.uniform(self.hue, count), 0.0))
-        for step in torch.randperm(4, generator=draws.host).tolist():
-            if step == 0:
-                images = (images * factors[0]).clamp(0, 1)
-            elif step == 1:
-                mean = masked_mean(rgb_to_grayscale(images), valid)
-                images = (images * factors[1] + mean * (1 - factors[1])).clamp(0, 1)
-            elif step == 2:
-                gray = rgb_to_grayscale(images)
-                images = (images * factors[2] + gray * (1 - factors[2])).clamp(0, 1)
-            else:
-                hsv = rgb_to_hsv(images)  # hue in radians, [0, 2 pi)
-                shifted = torch.cat([torch.remainder(hsv[:, :1] + hue * 2 * math.pi, 2 * math.pi), hsv[:, 1:]], 1)
-                images = torch.where(_per_sample(applied), hsv_to_rgb(shifted).clamp(0, 1), images)
-        return images
+        chosen = draws.chosen(self.p, len(images))
+        brightness, contrast, saturation = (on_device(draws.uniform(r, len(chosen)), images) for r in self.factors)
+        hue = on_device(draws.uniform(self.hue, len(chosen)), images)
+        order = torch.randperm(4, generator=draws.host).tolist()
+
+        def jitter(part: torch.Tensor, part_valid: torch.Tensor | None) -> torch.Tensor:
+            for step in order:
+                if step == 0:
+                    part = (part * brightness).clamp_(0, 1)
+                elif step == 1:
+                    mean = masked_mean(rgb_to_grayscale(part), part_valid)
+                    part = (part * contrast + mean * (1 - contrast)).clamp_(0, 1)
+                elif step == 2:
+                    part = (part * saturation + rgb_to_grayscale(part) * (1 - saturation)).clamp_(0, 1)
+                else:
+                    hsv = rgb_to_hsv(part)  # hue in radians, [0, 2 pi)
+                    turned = torch.remainder(hsv[:, :1] + hue * (2 * math.pi), 2 * math.pi)
+                    part = hsv_to_rgb(torch.cat([turned, hsv[:, 1:]], 1)).clamp_(0, 1)
+            return part
+        return on_chosen(images, valid, chosen, jitter)
 
 
 def _factor_range(value: float | Sequence[float]) -> Range:
@@ -234,10 +253,9 @@ class RandomGamma:
         self.limit, self.p = bounds(gamma_limit, 1), p
 
     def __call__(self, images: torch.Tensor, valid: torch.Tensor | None, draws: Draws) -> torch.Tensor:
-        count = len(images)
-        applied = draws.coin(self.p, count)
-        gamma = torch.where(applied, draws.uniform(self.limit, count) / 100, 1.0)
-        return images.clamp(min=0) ** _per_sample(gamma)
+        chosen = draws.chosen(self.p, len(images))
+        gamma = on_device(draws.uniform(self.limit, len(chosen)) / 100, images)
+        return on_chosen(images, valid, chosen, lambda part, _: part.clamp(min=0).pow_(gamma))
 
 
 class GaussianBlur:
@@ -252,11 +270,10 @@ class GaussianBlur:
         self.p = p
 
     def __call__(self, images: torch.Tensor, valid: torch.Tensor | None, draws: Draws) -> torch.Tensor:
-        count = len(images)
-        applied = draws.coin(self.p, count)
-        sigma = draws.uniform(self.sigma, count).clamp(min=1e-3)
-        blurred = gaussian_blur2d(images, self.size, torch.stack([sigma, sigma], -1))
-        return torch.where(_per_sample(applied), blurred, images)
+        chosen = draws.chosen(self.p, len(images))
+        sigma = draws.uniform(self.sigma, len(chosen)).clamp(min=1e-3)
+        sigma = torch.stack([sigma, sigma], -1).to(images.device, non_blocking=True)
+        return on_chosen(images, valid, chosen, lambda part, _: gaussian_blur2d(part, self.size, sigma))
 
 
 class GaussNoise:
@@ -266,13 +283,16 @@ class GaussNoise:
         self.per_channel, self.p = per_channel, p
 
     def __call__(self, images: torch.Tensor, valid: torch.Tensor | None, draws: Draws) -> torch.Tensor:
-        count, channels, height, width = images.shape
-        applied = draws.coin(self.p, count)
-        std = torch.where(applied, draws.uniform(self.std, count), 0.0)
-        mean = torch.where(applied, draws.uniform(self.mean, count), 0.0)
-        shape = (count, channels if self.per_channel else 1, height, width)
-        noise = torch.randn(shape, generator=draws.generator, device=draws.device)
-        return (images + noise * _per_sample(std) + _per_sample(mean)).clamp(0, 1)
+        chosen = draws.chosen(self.p, len(images))
+        std = on_device(draws.uniform(self.std, len(chosen)), images)
+        mean = on_device(draws.uniform(self.mean, len(chosen)), images)
+
+        def noisy(part: torch.Tensor, part_valid: torch.Tensor | None) -> torch.Tensor:
+            count, channels, height, width = part.shape
+            shape = (count, channels if self.per_channel else 1, height, width)
+            noise = torch.randn(shape, generator=draws.generator, device=part.device, dtype=part.dtype)
+            return (part + noise.mul_(std).add_(mean)).clamp_(0, 1)
+        return on_chosen(images, valid, chosen, noisy)
 
 
 class ToGray:
@@ -282,9 +302,8 @@ class ToGray:
         self.p = p
 
     def __call__(self, images: torch.Tensor, valid: torch.Tensor | None, draws: Draws) -> torch.Tensor:
-        applied = draws.coin(self.p, len(images))
-        gray = rgb_to_grayscale(images).expand_as(images)
-        return torch.where(_per_sample(applied), gray, images)
+        chosen = draws.chosen(self.p, len(images))
+        return on_chosen(images, valid, chosen, lambda part, _: rgb_to_grayscale(part).expand_as(part))
 
 
 GEOMETRIC = {op.__name__: op for op in (HorizontalFlip, VerticalFlip, RandomRotate90, Rotate, Affine)}
