@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for conftest.TINY
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for tiny_config.TINY
 
-from conftest import TINY  # noqa: E402
+from tiny_config import TINY  # noqa: E402
 
 import detrkit.training.checkpoints as checkpoints  # noqa: E402
 import detrkit.training.run_record as run_record  # noqa: E402

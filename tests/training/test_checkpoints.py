@@ -35,7 +35,7 @@ def fresh_model(tiny: dict, **overrides) -> RFDETRNano:
 
 @pytest.fixture(scope="module")
 def two_epochs(data, tmp_path_factory) -> Path:
-    from conftest import TINY
+    from tiny_config import TINY
 
     output = tmp_path_factory.mktemp("two_epochs")
     fresh_model(TINY).train(dataset_dir=str(data), output_dir=str(output), epochs=2, checkpoint_interval=1, **FAST)
@@ -128,7 +128,7 @@ KILLED_RUN = """
 import os, signal, sys, torch
 import pytorch_lightning as pl
 sys.path.insert(0, {tests!r})
-from conftest import TINY
+from tiny_config import TINY
 from detrkit import RFDETRNano
 
 class Kill(pl.Callback):
