@@ -1,4 +1,4 @@
-"""An aug_config run on whole training batches on their device, with Kornia's warp and colour ops."""
+"""An aug_config run on whole training batches on their device: one warp for the geometry, then colour ops."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import inspect
 from dataclasses import replace
 
 import torch
+import torch.nn.functional as F
 
 try:
-    from kornia.geometry.transform import warp_affine
-
     from detrkit.datasets import kornia_ops
 except ImportError as error:  # the registry turns this into advice
     raise ImportError("augmentation_backend 'kornia' needs the kornia package: "
@@ -68,8 +67,7 @@ class KorniaAugment:
     def __call__(self, batch: Batch) -> Batch:
         pixels = batch.pixels
         images = pixels.to(torch.float32, copy=True)  # (B, C, H, W), our own to change in place
-        if pixels.dtype == torch.uint8:
-            images.div_(255)
+        scale = 255.0 if pixels.dtype == torch.uint8 else 1.0  # warps and flips work at any scale
         draws = kornia_ops.Draws(int(torch.randint(0, 2**62, ())), images.device)
         valid = None if batch.padding is None else (~batch.padding)[:, None].to(images.dtype)  # (B, 1, H, W)
         targets = batch.targets
@@ -78,28 +76,78 @@ class KorniaAugment:
             matrix = torch.eye(3).repeat(len(targets), 1, 1)
             for op in self.geometric:
                 matrix = op.matrices(sizes, draws) @ matrix
-            moved = (matrix - torch.eye(3)).abs().amax(dim=(1, 2)) > 1e-6  # host: which images any op moved
-            images = kornia_ops.on_chosen(images, None, moved.nonzero()[:, 0],
-                                          lambda part, _: warp(part, matrix[moved].to(images.device)))
+            images = apply_geometry(images, matrix, sizes)
             targets = move_boxes(targets, matrix, sizes)
+        if self.colour:
+            images, scale = images.div_(scale), 1.0  # colour ops work in [0, 1]
         for op in self.colour:
             images = op(images, valid, draws)
-        images = images.sub_(self.mean.to(images.device)).div_(self.std.to(images.device))
+        images = images.sub_(self.mean.to(images.device) * scale).mul_(1 / (self.std.to(images.device) * scale))
         if batch.padding is not None:
             images = images.masked_fill_(batch.padding[:, None], 0)
         return Batch(images, batch.padding, targets)
 
 
+def apply_geometry(images: torch.Tensor, matrix: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """Each image through its (host) matrix: flips and quarter turns of images that fill the canvas
+    by exact reindexing, anything else by one bilinear warp per group; unmoved images stay."""
+    canvas = (images.shape[-1], images.shape[-2])
+    groups: dict[tuple[bool, bool, bool] | None, list[int]] = {}
+    for index in range(len(matrix)):
+        groups.setdefault(pixel_permutation(matrix[index], sizes[index], canvas), []).append(index)
+    for key, members in groups.items():
+        chosen = torch.tensor(members)
+        if key is None:
+            images = kornia_ops.on_chosen(images, None, chosen,
+                                          lambda part, _: warp(part, matrix[chosen].to(images.device)))
+        elif any(key):
+            images = kornia_ops.on_chosen(images, None, chosen, lambda part, _, key=key: permute_pixels(part, *key))
+    return images
+
+
+def pixel_permutation(matrix: torch.Tensor, size: torch.Tensor,
+                      canvas: tuple[int, int]) -> tuple[bool, bool, bool] | None:
+    """(transpose, flip x, flip y) when the (3, 3) matrix maps an image that fills the canvas onto
+    itself pixel for pixel (flips, and quarter turns of squares), else None."""
+    width, height = size.tolist()
+    linear, shift = matrix[:2, :2], matrix[:2, 2]
+    rounded = linear.round()
+    if (width, height) != canvas or (linear - rounded).abs().max() > 1e-6 or abs(torch.det(rounded)) != 1:
+        return None
+    transpose = bool(rounded[0, 0] == 0)
+    centre = size / 2
+    if (transpose and width != height) or (shift - (centre - rounded @ centre)).abs().max() > 1e-4:
+        return None
+    if transpose:
+        return True, bool(rounded[0, 1] < 0), bool(rounded[1, 0] < 0)
+    return False, bool(rounded[0, 0] < 0), bool(rounded[1, 1] < 0)
+
+
+def permute_pixels(images: torch.Tensor, transpose: bool, flip_x: bool, flip_y: bool) -> torch.Tensor:
+    """(B, C, H, W) swapped about the diagonal first, then flipped; the twin of `warp` for
+    the matrices `pixel_permutation` recognises."""
+    if transpose:
+        images = images.transpose(-1, -2)
+    dims = [dim for dim, flip in ((-1, flip_x), (-2, flip_y)) if flip]
+    return images.flip(dims) if dims else images
+
+
 def warp(images: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
-    """Warp (B, C, H, W) by (B, 3, 3) continuous-coordinate matrices (bilinear, zeros outside).
-    Pixel centres sit at index + 0.5, so the index-space matrix is T(-0.5) @ matrix @ T(0.5)."""
-    half = torch.eye(3, device=matrix.device)
-    half[:2, 2] = 0.5
-    back = torch.eye(3, device=matrix.device)
-    back[:2, 2] = -0.5
-    index_matrix = back @ matrix @ half
-    return warp_affine(images, index_matrix[:, :2], dsize=tuple(images.shape[-2:]), mode="bilinear",
-                       padding_mode="zeros", align_corners=True)
+    """Warp (B, C, H, W) by (B, 3, 3) continuous-coordinate matrices: each output pixel centre
+    (x + 0.5, y + 0.5) reads the input, bilinearly, where the inverse matrix sends it; zeros
+    outside. Kornia's warp_affine (the twin in the tests) builds the same grid through
+    normalised homographies at several times the cost on CPU; grid_sample does the sampling."""
+    count, _, height, width = images.shape
+    inverse = torch.linalg.inv(matrix.double()).float()[:, :2]  # (B, 2, 3) output -> input
+    # grid_sample (align_corners=False) reads continuous coordinates u as 2 u / size - 1
+    inverse = inverse * torch.tensor([[2 / width], [2 / height]], device=matrix.device)
+    inverse[:, :, 2] -= 1
+    xs = torch.arange(width, device=images.device, dtype=torch.float32).add_(0.5)
+    ys = torch.arange(height, device=images.device, dtype=torch.float32).add_(0.5)[:, None]
+    coefficients = inverse.to(images.device)[:, :, :, None, None]  # (B, 2, 3, 1, 1)
+    grid = coefficients[:, :, 0] * xs + coefficients[:, :, 1] * ys + coefficients[:, :, 2]  # (B, 2, H, W)
+    return F.grid_sample(images, grid.permute(0, 2, 3, 1), mode="bilinear", padding_mode="zeros",
+                         align_corners=False)
 
 
 def move_boxes(targets: list[Target], matrix: torch.Tensor, sizes: torch.Tensor) -> list[Target]:

@@ -10,11 +10,10 @@ pipeline composes them and warps once. Colour ops take images (B, C, H, W) in [0
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
-from kornia.color import hsv_to_rgb, rgb_to_grayscale, rgb_to_hsv
+from kornia.color import rgb_to_grayscale
 from kornia.filters import gaussian_blur2d
 
 Range = tuple[float, float]
@@ -46,14 +45,15 @@ class Draws:
 
 
 def on_chosen(images: torch.Tensor, valid: torch.Tensor | None, chosen: torch.Tensor, op) -> torch.Tensor:
-    """op(images, valid) on the chosen images only; the others pass through unchanged."""
+    """op(images, valid) on the chosen images only, written back into `images` (which the caller
+    owns); the others stay as they are."""
     if len(chosen) == len(images):
         return op(images, valid)
     if not len(chosen):
         return images
     index = chosen.to(images.device, non_blocking=True)
     part_valid = None if valid is None else valid.index_select(0, index)
-    return images.index_copy(0, index, op(images.index_select(0, index), part_valid))
+    return images.index_copy_(0, index, op(images.index_select(0, index), part_valid))
 
 
 def on_device(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -182,10 +182,11 @@ def _fixed_or_range(value: float | Sequence[float]) -> Range:
 
 
 def masked_mean(values: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
-    """(B, 1, 1, 1) mean over each image's own pixels; values (B, 1, H, W), valid likewise or None."""
+    """(B, C, 1, 1) mean of each channel over each image's own pixels; values (B, C, H, W), valid
+    (B, 1, H, W) or None."""
     if valid is None:
-        return values.mean(dim=(1, 2, 3), keepdim=True)
-    return (values * valid).sum(dim=(1, 2, 3), keepdim=True) / valid.sum(dim=(1, 2, 3), keepdim=True).clamp(min=1)
+        return values.mean(dim=(2, 3), keepdim=True)
+    return (values * valid).sum(dim=(2, 3), keepdim=True) / valid.sum(dim=(2, 3), keepdim=True).clamp(min=1)
 
 
 class RandomBrightnessContrast:
@@ -209,37 +210,88 @@ class RandomBrightnessContrast:
 
 
 class ColorJitter:
-    """torchvision-style brightness, contrast, saturation and hue factors. The four run in a random
-    order drawn once per batch (Albumentations draws it per image)."""
+    """torchvision-style brightness, contrast, saturation and hue factors, in a random order drawn
+    once per batch (Albumentations draws it per image). Brightness, contrast and saturation are
+    linear in the pixels, so consecutive ones fold into one 3 x 3 colour matrix per image, applied
+    in one pass and clipped once (Albumentations clips after each)."""
 
     def __init__(self, brightness: float | Sequence[float] = (0.8, 1.2),
                  contrast: float | Sequence[float] = (0.8, 1.2),
                  saturation: float | Sequence[float] = (0.8, 1.2), hue: float | Sequence[float] = (-0.5, 0.5),
                  p: float = 0.5) -> None:
-        self.factors = [_factor_range(brightness), _factor_range(contrast), _factor_range(saturation)]
-        self.hue, self.p = bounds(hue), p
+        self.ranges = [_factor_range(brightness), _factor_range(contrast), _factor_range(saturation), bounds(hue)]
+        self.p = p
 
     def __call__(self, images: torch.Tensor, valid: torch.Tensor | None, draws: Draws) -> torch.Tensor:
         chosen = draws.chosen(self.p, len(images))
-        brightness, contrast, saturation = (on_device(draws.uniform(r, len(chosen)), images) for r in self.factors)
-        hue = on_device(draws.uniform(self.hue, len(chosen)), images)
-        order = torch.randperm(4, generator=draws.host).tolist()
+        factors = [draws.uniform(r, len(chosen)).to(images.device, non_blocking=True) for r in self.ranges]
+        identity = (1.0, 1.0, 1.0, 0.0)
+        order = [step for step in torch.randperm(4, generator=draws.host).tolist()
+                 if self.ranges[step] != (identity[step],) * 2]  # steps that never change anything go
 
         def jitter(part: torch.Tensor, part_valid: torch.Tensor | None) -> torch.Tensor:
+            colour = ColourMap(part, part_valid)
             for step in order:
-                if step == 0:
-                    part = (part * brightness).clamp_(0, 1)
-                elif step == 1:
-                    mean = masked_mean(rgb_to_grayscale(part), part_valid)
-                    part = (part * contrast + mean * (1 - contrast)).clamp_(0, 1)
-                elif step == 2:
-                    part = (part * saturation + rgb_to_grayscale(part) * (1 - saturation)).clamp_(0, 1)
+                if step == 3:
+                    part = shift_hue(colour.apply(part), factors[3][:, None, None, None]).clamp_(0, 1)
+                    colour = ColourMap(part, part_valid)
                 else:
-                    hsv = rgb_to_hsv(part)  # hue in radians, [0, 2 pi)
-                    turned = torch.remainder(hsv[:, :1] + hue * (2 * math.pi), 2 * math.pi)
-                    part = hsv_to_rgb(torch.cat([turned, hsv[:, 1:]], 1)).clamp_(0, 1)
-            return part
+                    colour.fold(step, factors[step])
+            return colour.apply(part)
         return on_chosen(images, valid, chosen, jitter)
+
+
+GRAY = (0.299, 0.587, 0.114)  # rgb_to_grayscale's weights
+
+
+class ColourMap:
+    """A per-image affine colour map x -> M x + o, built up step by step, starting at identity."""
+
+    def __init__(self, images: torch.Tensor, valid: torch.Tensor | None) -> None:
+        count, device = len(images), images.device
+        self.matrix = torch.eye(3, device=device).repeat(count, 1, 1)  # (n, 3, 3)
+        self.offset = torch.zeros(count, 3, device=device)
+        self.gray = torch.tensor(GRAY, device=device)
+        self.images, self.valid = images, valid  # their channel means, for contrast, when first needed
+        self.changed = False
+
+    def fold(self, step: int, factor: torch.Tensor) -> None:
+        """Follow the map with brightness (0), contrast (1) or saturation (2) by `factor` (n,)."""
+        factor = factor[:, None]
+        if step == 0:
+            self.matrix, self.offset = self.matrix * factor[:, :, None], self.offset * factor
+        elif step == 1:  # towards the mean grey level of the image as mapped so far
+            means = masked_mean(self.images, self.valid)[:, :, :, 0]  # (n, 3, 1)
+            mean = ((self.matrix @ means)[:, :, 0] + self.offset) @ self.gray
+            self.matrix = self.matrix * factor[:, :, None]
+            self.offset = self.offset * factor + (mean[:, None] * (1 - factor))
+        else:  # towards each pixel's grey level: (s I + (1 - s) 1 g^T)
+            mixing = torch.eye(3, device=factor.device) * factor[:, :, None] + \
+                (1 - factor[:, :, None]) * self.gray.expand(3, 3)
+            self.matrix, self.offset = mixing @ self.matrix, (mixing @ self.offset[:, :, None])[:, :, 0]
+        self.changed = True
+
+    def apply(self, images: torch.Tensor) -> torch.Tensor:
+        if not self.changed:
+            return images
+        count, channels, height, width = images.shape
+        mapped = torch.baddbmm(self.offset[:, :, None], self.matrix, images.reshape(count, channels, -1))
+        return mapped.reshape(images.shape).clamp_(0, 1)
+
+
+def shift_hue(rgb: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
+    """Turn each image's HSV hue by `turns` (n, 1, 1, 1) of a full circle, keeping saturation and
+    value, without building the HSV image: the hue is found in sixths of the circle and each
+    channel rebuilt as value - chroma * clamp(min(k, 4 - k), 0, 1), k = (5, 3, 1) + hue mod 6."""
+    top = rgb.amax(1, keepdim=True)
+    chroma = top - rgb.amin(1, keepdim=True)
+    red, green, blue = rgb[:, 0:1], rgb[:, 1:2], rgb[:, 2:3]
+    red_top, green_top = top == red, top == green
+    difference = torch.where(red_top, green - blue, torch.where(green_top, blue - red, red - green))
+    sixths = difference.div_(chroma.clamp(min=1e-12)).add_(torch.where(red_top, 0.0, torch.where(green_top, 2.0, 4.0)))
+    sixths = sixths.add_(turns * 6)
+    k = torch.remainder(torch.tensor([5.0, 3.0, 1.0], device=rgb.device)[:, None, None] + sixths, 6)  # (n, 3, H, W)
+    return top - chroma * torch.minimum(k, 4 - k).clamp_(0, 1)
 
 
 def _factor_range(value: float | Sequence[float]) -> Range:
@@ -303,7 +355,7 @@ class ToGray:
 
     def __call__(self, images: torch.Tensor, valid: torch.Tensor | None, draws: Draws) -> torch.Tensor:
         chosen = draws.chosen(self.p, len(images))
-        return on_chosen(images, valid, chosen, lambda part, _: rgb_to_grayscale(part).expand_as(part))
+        return on_chosen(images, valid, chosen, lambda part, _: rgb_to_grayscale(part).expand_as(part).contiguous())
 
 
 GEOMETRIC = {op.__name__: op for op in (HorizontalFlip, VerticalFlip, RandomRotate90, Rotate, Affine)}
