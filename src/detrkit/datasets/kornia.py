@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 
 try:
+    import kornia  # noqa: F401  (the ops below use it)
+
     from detrkit.datasets import kornia_ops
 except ImportError as error:  # the registry turns this into advice
     raise ImportError("augmentation_backend 'kornia' needs the kornia package: "
