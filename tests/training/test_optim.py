@@ -31,7 +31,8 @@ def test_nano_has_28_merged_groups_with_spec_rates(nano_groups):
 def test_every_trainable_parameter_is_in_exactly_one_group(nano_groups):
     model = build_model(ModelConfig())
     grouped = [p for g in nano_groups for p in g["params"]]
-    assert len(grouped) == len(set(map(id, grouped))) == sum(1 for _ in model.parameters())
+    assert len(grouped) == len(set(map(id, grouped))) == sum(p.requires_grad for p in model.parameters())
+    assert not model.backbone[0].encoder.encoder.embeddings.mask_token.requires_grad  # never used: frozen
 
 
 def test_encoder_weight_decay_exemptions():
