@@ -6,10 +6,9 @@ import warnings
 
 import pytest
 import torch
-
-from detrkit.config import PretrainWeightsCompatibilityWarning
 from tiny_config import TINY
 
+from detrkit.config import PretrainWeightsCompatibilityWarning
 
 
 @pytest.fixture

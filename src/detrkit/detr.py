@@ -16,7 +16,7 @@ from detrkit.datasets.images import BatchPreparer, ImageInput, to_tensor
 from detrkit.models.build import build_model
 from detrkit.models.download import resolve_weights
 from detrkit.models.postprocess import top_detections
-from detrkit.models.weights import Checkpoint, load_weights, read_checkpoint
+from detrkit.models.weights import load_weights, read_checkpoint
 
 if TYPE_CHECKING:
     import supervision as sv

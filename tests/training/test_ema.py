@@ -22,7 +22,7 @@ def test_first_update_copies_then_decay_follows_the_warm_up():
     live = Net()
     ema = ModelEMA(live, decay=0.9, tau=2.0)
     history = []
-    for step in range(1, 4):
+    for _ in range(3):
         with torch.no_grad():
             live.linear.weight.add_(1.0)
             live.scale.mul_(2.0)

@@ -10,8 +10,8 @@ those with ground truth; a class with nothing detected has precision 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch

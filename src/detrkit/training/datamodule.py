@@ -10,8 +10,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from detrkit.config import ModelConfig, TrainConfig
-from detrkit.datasets.collate import collate
 from detrkit.datasets.augmentation import build_augmentation
+from detrkit.datasets.collate import collate
 from detrkit.datasets.detect import DatasetSplits, build_datasets
 from detrkit.datasets.mixing import MixedSamples
 from detrkit.structures import Batch

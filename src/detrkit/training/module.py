@@ -19,8 +19,8 @@ from detrkit.structures import Batch, Target
 from detrkit.training.checkpoints import run_metadata
 from detrkit.training.ema import ModelEMA
 from detrkit.training.evaluation import DetectionEvaluator
-from detrkit.training.rng import restore_rng_states, rng_states
 from detrkit.training.optim import build_optimizer, lr_factor
+from detrkit.training.rng import restore_rng_states, rng_states
 
 
 class RFDETRModelModule(pl.LightningModule):
