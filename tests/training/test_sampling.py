@@ -74,3 +74,16 @@ def test_seeded_samples_are_reproducible_and_leave_the_global_streams_alone():
     assert samples[(2, 99)] == first
     assert samples[(2, 100)] != first
     assert len(samples) == 4
+
+
+def test_loader_workers_do_not_change_what_a_step_sees():
+    from torch.utils.data import DataLoader
+
+    def epoch(workers: int) -> list:
+        sampler = EpochSampler(4, seed=7, window=2)
+        sampler.set_epoch(3)
+        loader = DataLoader(SeededSamples(Draws()), batch_size=2, sampler=sampler, num_workers=workers,
+                            collate_fn=list)
+        return [item for batch in loader for item in batch]
+
+    assert epoch(2) == epoch(0)
