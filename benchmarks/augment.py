@@ -152,8 +152,8 @@ def main() -> None:
         for result in results.values():
             result["train_ratio"] = round((step_ms + result["kornia_ms"]) / (step_ms + result["albumentations_ms"]), 3)
         print(f"training step {step_ms:.0f} ms", file=sys.stderr)
-    report = {"benchmark": "augment", "train_step_ms": step_ms and round(step_ms, 1), "batch": args.batch, "size": args.size, "boxes_per_image": args.boxes,
-              "threads": args.threads, "clock": args.clock, "kornia_device": str(device), "torch": torch.__version__,
+    report = {"benchmark": "augment", "train_step_ms": step_ms and round(step_ms, 1), "batch": args.batch,
+              "size": args.size, "boxes_per_image": args.boxes, "threads": args.threads, "clock": args.clock, "kornia_device": str(device), "torch": torch.__version__,
               "results": results}
     text = json.dumps(report, indent=2)
     print(text)

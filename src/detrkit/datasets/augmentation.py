@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 from torchvision.transforms import v2
@@ -14,6 +15,15 @@ from detrkit.datasets.transforms import build_train_resize, build_train_transfor
 from detrkit.structures import Batch
 
 BatchAugment = Callable[[Batch], Batch]
+
+
+class Augmentation(Protocol):
+    """What every backend provides: the per-sample transform of the training split (run in the
+    loader workers) and the per-batch step on the training device (None when there is none)."""
+
+    def train_transform(self, scales: Sequence[int], square: bool, scale_jitter: bool) -> SampleTransform: ...
+
+    def batch_augment(self) -> BatchAugment | None: ...
 
 
 class TorchvisionAugmentation:
@@ -87,7 +97,7 @@ def resolve_backend(name: str, aug_config: dict[str, dict] | None, cuda: bool) -
     return name
 
 
-def build_augmentation(train_config: TrainConfig):
+def build_augmentation(train_config: TrainConfig) -> Augmentation:
     """The backend object the config selects, with its aug_config checked (ValueError naming a bad
     transform; ImportError naming detrkit[augment] when the package is missing)."""
     device = train_config.device or train_config.accelerator
