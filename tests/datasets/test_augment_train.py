@@ -84,3 +84,20 @@ def test_mosaic_and_mixup_train_and_stop_for_the_last_epochs(data, tmp_path, tin
     per_epoch = {epoch: [n for b in spy.seen if b["epoch"] == epoch for n in b["boxes"]] for epoch in (0, 1)}
     # mosaic of four images, blended with a fifth: several images' boxes each, until the last epoch
     assert min(per_epoch[0]) > max(per_epoch[1]) >= 1
+
+
+def test_workers_draw_the_same_augmented_samples_as_the_main_process(data, tiny_kwargs):
+    """Albumentations, mosaic and mixup draw from each sample's seed, not from a worker's state."""
+    pytest.importorskip("albumentations")
+    from detrkit.training import RFDETRDataModule
+    from detrkit.training.trainer import split_train_kwargs
+
+    model = RFDETRNano(**tiny_kwargs)
+    batches = []
+    for workers in (0, 2):
+        config, _ = split_train_kwargs({**FAST, "num_workers": workers, "dataset_dir": str(data),
+                                        "aug_config": AUG_AGGRESSIVE, "mosaic": 0.5, "mixup": 0.5})
+        batches.append(list(RFDETRDataModule(model.model_config, config).train_dataloader()))
+    for plain, worked in zip(*batches):
+        assert torch.equal(plain.pixels, worked.pixels)
+        assert all(torch.equal(a.boxes, b.boxes) for a, b in zip(plain.targets, worked.targets))
