@@ -91,8 +91,6 @@ def test_probabilities_choose_about_that_share_of_images():
     assert 0.25 < changed < 0.35
 
 
-A = pytest.importorskip("albumentations")
-
 PINNED_COLOUR = [
     {"ColorJitter": {"brightness": (1.3, 1.3), "contrast": (1, 1), "saturation": (1, 1), "hue": (0, 0), "p": 1.0}},
     {"ColorJitter": {"brightness": (1, 1), "contrast": (0.6, 0.6), "saturation": (1, 1), "hue": (0, 0), "p": 1.0}},
@@ -107,6 +105,7 @@ PINNED_COLOUR = [
 
 @pytest.mark.parametrize("config", PINNED_COLOUR, ids=lambda c: next(iter(c)) + str(next(iter(c.values()))))
 def test_colour_ops_match_albumentations_with_pinned_parameters(config):
+    pytest.importorskip("albumentations")
     from detrkit.datasets.kornia import KorniaAugment
     from detrkit.structures import Batch, Target
 
@@ -121,3 +120,24 @@ def test_colour_ops_match_albumentations_with_pinned_parameters(config):
     # Albumentations works in uint8 (hue in OpenCV's 180 steps): a few levels apart at most
     assert (kornia - albu).abs().mean() < 1.5 / 255
     assert (kornia - albu).abs().max() < 6 / 255
+
+
+@pytest.mark.gpu
+def test_cuda_batches_match_cpu_batches():
+    from detrkit.datasets.aug_configs import AUG_AERIAL
+    from detrkit.datasets.kornia import KorniaAugment
+    from detrkit.structures import Batch, Target
+
+    config = {**AUG_AERIAL, "Affine": {"scale": (0.8, 1.2), "rotate": (-20, 20), "p": 0.5},
+              "ColorJitter": {"p": 0.5}}
+    pixels = torch.randint(0, 256, (6, 3, 64, 64), dtype=torch.uint8)
+    targets = [Target(torch.tensor([[0.4, 0.5, 0.2, 0.3]]), torch.tensor([1]), i, (64, 64), (64, 64), torch.ones(1))
+               for i in range(6)]
+    augment = KorniaAugment(config)
+    torch.manual_seed(0)
+    cpu = augment(Batch(pixels, None, targets))
+    torch.manual_seed(0)
+    cuda = augment(Batch(pixels, None, targets).to("cuda"))
+    torch.testing.assert_close(cuda.pixels.cpu(), cpu.pixels, atol=1e-3, rtol=0)
+    for a, b in zip(cuda.targets, cpu.targets):
+        torch.testing.assert_close(a.boxes.cpu(), b.boxes, atol=1e-5, rtol=0)
