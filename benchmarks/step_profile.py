@@ -71,8 +71,7 @@ def module_gflops(detector, pixels) -> dict[str, float]:
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False, depth=3) as counter:
-        detector(pixels)
-    detector.zero_grad(set_to_none=True)
+        detector(pixels)  # forward only: no gradients to clear
     counts = counter.get_flop_counts()
     return {name: round(sum(ops.values()) / 1e9, 2) for name, ops in counts.items() if name.count(".") <= 2}
 
