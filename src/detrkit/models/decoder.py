@@ -10,6 +10,7 @@ from torch import nn
 
 from detrkit.models.deform_attn import MSDeformAttn
 from detrkit.models.mlp import MLP
+from detrkit.ops.ffn import chunking_applies, relu_ffn
 from detrkit.ops.linear import Linear, PackedWeight, linear
 from detrkit.ops.position import box_sine_embedding
 
@@ -59,7 +60,12 @@ class DecoderLayer(nn.Module):
         attn = self.self_attn(with_pos.reshape(grouped), tgt.reshape(grouped)).reshape(batch, queries, dim)
         tgt = self.norm1(tgt + attn)
         tgt = self.norm2(tgt + self.cross_attn(tgt + query_pos, reference, memory, shapes, padding))
-        return self.norm3(tgt + self.linear2(self.linear1(tgt)))
+        return self.norm3(tgt + self.ffn(tgt))
+
+    def ffn(self, x: torch.Tensor) -> torch.Tensor:
+        if chunking_applies(x, self.linear1.weight):  # CPU training: cache-sized row chunks
+            return relu_ffn(x, self.linear1.weight, self.linear1.bias, self.linear2.weight, self.linear2.bias)
+        return self.linear2(self.linear1(x))
 
 
 class Decoder(nn.Module):
