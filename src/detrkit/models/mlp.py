@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from detrkit.ops.chunked_mlp import chunking_applies, relu_mlp
 from detrkit.ops.linear import Linear
 
 
@@ -17,6 +18,8 @@ class MLP(nn.Module):
             Linear(a, b, activation=act) for a, b, act in zip(dims[:-1], dims[1:], activations))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if chunking_applies(x, self.layers[0].weight):  # CPU training: cache-sized row chunks
+            return relu_mlp(x, [layer.weight for layer in self.layers], [layer.bias for layer in self.layers])
         for layer in self.layers:
             x = layer(x)
         return x
