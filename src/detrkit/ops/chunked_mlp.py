@@ -10,7 +10,8 @@ blocks right after the GEMM that wrote them, and the hidden gradients live in sm
 buffers. It saves the input and the hidden activations (ReLU outputs, written once in forward)
 and recomputes nothing. The products are the plain path's; only the order of the additions in
 the weight and bias gradients differs (float rounding). Measured on 2 cores, Nano at 320 px,
-batch 4: about 10% less CPU time per training step.
+batch 4: page faults per training step fall from about 404k to 276k, and the ReLU and its
+backward (threshold_backward + clamp_min) from about 0.9 s to 0.2 s of the step.
 """
 
 from __future__ import annotations
