@@ -106,3 +106,10 @@ def test_mlp_is_the_layer_by_layer_mlp_in_float32():
         return x
 
     _assert_module_twin(mlp, mlp, plain, torch.randn(2, 3, 300, 32, requires_grad=True))
+
+
+def test_double_backward_is_refused():
+    x, weights, biases = _params(torch.float64)
+    (grad,) = torch.autograd.grad(_chunked(x, weights, biases, 32).square().sum(), [x], create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        grad.sum().backward()

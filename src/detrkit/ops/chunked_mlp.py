@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 CHUNK_ROWS = 256
 
@@ -86,6 +87,7 @@ class _ChunkedReluMLP(torch.autograd.Function):
         return outputs[-1].view(*x.shape[:-1], weights[-1].shape[0])
 
     @staticmethod
+    @once_differentiable  # no double backward: a clear error instead of wrong second derivatives
     def backward(ctx, grad_out):  # noqa: ANN001, ANN205
         layers = ctx.layers
         saved = ctx.saved_tensors
