@@ -6,7 +6,7 @@ import torch
 from detrkit.models.decoder import DecoderLayer
 from detrkit.models.mlp import MLP
 from detrkit.ops import chunked_mlp
-from detrkit.ops.chunked_mlp import _ChunkedReluMLP, chunking_applies, plain_relu_mlp, relu_mlp
+from detrkit.ops.chunked_mlp import _ChunkedReluMLP, chunked_relu_mlp, chunking_applies, plain_relu_mlp
 
 
 def _params(dtype, dims=(16, 64, 16), grads=None):
@@ -55,13 +55,13 @@ def test_only_the_needed_gradients(grads):
 
 
 def test_relu_ties_at_zero_get_no_gradient():
-    x = torch.zeros(1, 2000, 2, requires_grad=True)  # every hidden pre-activation is exactly 0
+    x = torch.zeros(1, 3000, 2, requires_grad=True)  # every hidden pre-activation is exactly 0
     w1, b1 = torch.ones(8, 2, requires_grad=True), torch.zeros(8, requires_grad=True)
     w2, b2 = torch.ones(2, 8, requires_grad=True), torch.zeros(2, requires_grad=True)
     assert chunking_applies(x, w1)
-    relu_mlp(x, (w1, w2), (b1, b2)).sum().backward()
+    chunked_relu_mlp(x, (w1, w2), (b1, b2)).sum().backward()
     assert torch.count_nonzero(x.grad) == 0 and torch.count_nonzero(w1.grad) == 0
-    assert torch.equal(b2.grad, torch.full((2,), 2000.0))
+    assert torch.equal(b2.grad, torch.full((2,), 3000.0))
 
 
 def test_where_it_applies():
@@ -72,7 +72,7 @@ def test_where_it_applies():
     with torch.no_grad():
         assert not chunking_applies(big, w)  # inference keeps the packed oneDNN path
     with pytest.raises(ValueError, match="one bias per weight"):
-        relu_mlp(big, [w], [])
+        chunked_relu_mlp(big, [w], [])
 
 
 def _assert_module_twin(module, chunked_call, plain_call, x):
@@ -93,19 +93,18 @@ def test_decoder_layer_ffn_is_the_plain_ffn_in_float32():
     torch.manual_seed(1)
     layer = DecoderLayer(32, 4, 4, 1, 2, 128)
     ffn = torch.nn.ModuleList([layer.linear1, layer.linear2])
-    _assert_module_twin(ffn, layer.ffn, lambda x: layer.linear2(layer.linear1(x)), torch.randn(2, 900, 32, requires_grad=True))
+    weights, biases = (layer.linear1.weight, layer.linear2.weight), (layer.linear1.bias, layer.linear2.bias)
+    _assert_module_twin(ffn, layer.ffn, lambda x: plain_relu_mlp(x, weights, biases), torch.randn(3, 900, 32, requires_grad=True))
 
 
 def test_mlp_is_the_layer_by_layer_mlp_in_float32():
     torch.manual_seed(2)
     mlp = MLP(32, 32, 4, 3)
 
-    def plain(x):
-        for layer in mlp.layers:
-            x = layer(x)
-        return x
+    def plain(x):  # F.linear layer by layer
+        return plain_relu_mlp(x, [layer.weight for layer in mlp.layers], [layer.bias for layer in mlp.layers])
 
-    _assert_module_twin(mlp, mlp, plain, torch.randn(2, 3, 300, 32, requires_grad=True))
+    _assert_module_twin(mlp, mlp, plain, torch.randn(3, 3, 300, 32, requires_grad=True))
 
 
 def test_double_backward_is_refused():

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from detrkit.ops.linear import Linear, PackedWeight, linear, packing_applies, scaled_residual_linear
+from detrkit.ops.linear import (Linear, PackedWeight, _OneDnnLinear, linear, onednn_training_applies, packing_applies,
+                               scaled_residual_linear)
 
 
 
@@ -19,13 +20,60 @@ def test_packed_linear_matches_plain(activation, eager):
     torch.testing.assert_close(fast, eager(F.linear(x, layer.weight, layer.bias)), atol=1e-5, rtol=1e-5)
 
 
-def test_grad_mode_takes_the_plain_path_exactly():
-    layer = Linear(8, 4, activation="relu")
-    x = torch.randn(5, 8, requires_grad=True)
-    out = layer(x)
-    assert torch.equal(out, F.relu(F.linear(x, layer.weight, layer.bias)))
+@pytest.mark.parametrize("activation, eager", [("none", lambda x: x), ("gelu", F.gelu), ("relu", F.relu)])
+@pytest.mark.parametrize("grads", [(True, True, True), (True, False, False), (False, True, False), (False, False, True)])
+def test_training_linear_matches_f_linear_with_every_gradient(activation, eager, grads):
+    torch.manual_seed(0)
+    x = torch.randn(3, 70, 24, requires_grad=grads[0])
+    weight = torch.randn(40, 24, requires_grad=grads[1])
+    bias = torch.randn(40, requires_grad=grads[2])
+    assert onednn_training_applies(x, weight) == torch.backends.mkldnn.is_available()
+    out = linear(x, weight, bias, activation)
+    expected = eager(F.linear(x, weight, bias))
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    wanted = [t for t in (x, weight, bias) if t.requires_grad]
+    upstream = torch.randn_like(out)
+    for got, want in zip(torch.autograd.grad(out, wanted, upstream), torch.autograd.grad(expected, wanted, upstream)):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+
+
+def test_training_linear_in_float64_and_gradcheck():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 6, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    for relu in (False, True):
+        assert torch.autograd.gradcheck(lambda *a: _OneDnnLinear.apply(*a, relu), (x, weight, bias))
+    no_bias = _OneDnnLinear.apply(x, weight, None, True)
+    torch.testing.assert_close(no_bias, F.relu(F.linear(x, weight)), rtol=0, atol=1e-12)
+
+
+def test_training_linear_relu_ties_and_non_contiguous_input():
+    weight = torch.ones(3, 4, requires_grad=True)
+    x = torch.zeros(4, 6, requires_grad=True)  # transposed view below: every pre-activation is 0
+    out = linear(x.t(), weight, torch.zeros(3), "relu")
     out.sum().backward()
-    assert layer.weight.grad is not None
+    assert torch.count_nonzero(x.grad) == 0 and torch.count_nonzero(weight.grad) == 0
+    weight.grad = None
+    inputs = torch.randn(4, 6).t()  # non-contiguous
+    linear(inputs, weight, None, "relu").sum().backward()  # sum(): an expanded, stride-0 upstream gradient
+    torch.testing.assert_close(weight.grad, (inputs @ weight.detach().t() > 0).float().t() @ inputs)
+
+
+def test_training_linear_refuses_double_backward():
+    x = torch.randn(5, 4, requires_grad=True)
+    weight = torch.randn(3, 4, requires_grad=True)
+    (grad,) = torch.autograd.grad(linear(x, weight, None).square().sum(), [x], create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        grad.sum().backward()
+
+
+def test_training_linear_paths():
+    w = torch.zeros(3, 4)
+    assert not onednn_training_applies(torch.zeros(0, 4), w)  # nothing to multiply
+    assert not onednn_training_applies(torch.zeros(2, 4, dtype=torch.float64), w.double())
+    with torch.no_grad():
+        assert not onednn_training_applies(torch.zeros(2, 4), w)  # inference: the packed path
 
 
 def test_cache_repacks_after_in_place_update():

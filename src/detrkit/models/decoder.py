@@ -10,7 +10,7 @@ from torch import nn
 
 from detrkit.models.deform_attn import MSDeformAttn
 from detrkit.models.mlp import MLP
-from detrkit.ops.chunked_mlp import chunking_applies, relu_mlp
+from detrkit.ops.chunked_mlp import chunked_relu_mlp, chunking_applies
 from detrkit.ops.linear import Linear, PackedWeight, linear
 from detrkit.ops.position import box_sine_embedding
 
@@ -64,7 +64,7 @@ class DecoderLayer(nn.Module):
 
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
         if chunking_applies(x, self.linear1.weight):  # CPU training: cache-sized row chunks
-            return relu_mlp(x, (self.linear1.weight, self.linear2.weight), (self.linear1.bias, self.linear2.bias))
+            return chunked_relu_mlp(x, (self.linear1.weight, self.linear2.weight), (self.linear1.bias, self.linear2.bias))
         return self.linear2(self.linear1(x))
 
 

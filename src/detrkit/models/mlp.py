@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from detrkit.ops.chunked_mlp import chunking_applies, relu_mlp
+from detrkit.ops.chunked_mlp import chunked_relu_mlp, chunking_applies
 from detrkit.ops.linear import Linear
 
 
@@ -19,7 +19,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if chunking_applies(x, self.layers[0].weight):  # CPU training: cache-sized row chunks
-            return relu_mlp(x, [layer.weight for layer in self.layers], [layer.bias for layer in self.layers])
+            return chunked_relu_mlp(x, [layer.weight for layer in self.layers], [layer.bias for layer in self.layers])
         for layer in self.layers:
             x = layer(x)
         return x

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from detrkit.ops.linear import Linear, PackedWeight, packed_linear, packing_applies, scaled_residual_linear
+from detrkit.ops.linear import Linear, PackedWeight, linear, packed_linear, packing_applies, scaled_residual_linear
 from detrkit.ops.position import resize_grid_embeddings
 
 
@@ -95,7 +95,7 @@ class Attention(nn.Module):
         if packing_applies(x, proj.query.weight):
             rows = x.numel() // x.shape[-1]
             return packed_linear(x, self._packed_qkv.get(weights, lambda: torch.cat(weights), rows), bias)
-        return F.linear(x, torch.cat(weights), bias)
+        return linear(x, torch.cat(weights), bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Attention before the output projection (applied by the block): (B, L, C)."""

@@ -5,13 +5,14 @@ batch of 4 the decoder FFN's hidden activation is a (15600, 2048) tensor of abou
 box head's are (31200, 256). On CPU each such tensor is a fresh mmap'd allocation (glibc maps
 anything over 32 MB), so the ReLU, its mask in backward and the GEMMs that write them run at
 page-fault and memory-bandwidth speed instead of GEMM speed. The chunked path computes the same
-products a few hundred rows at a time, so the ReLU and its backward mask touch cache-sized
-blocks right after the GEMM that wrote them, and the hidden gradients live in small reused
-buffers. It saves the input and the hidden activations (ReLU outputs, written once in forward)
-and recomputes nothing. The products are the plain path's; only the order of the additions in
-the weight and bias gradients differs (float rounding). Measured on 2 cores, Nano at 320 px,
-batch 4: page faults per training step fall from about 404k to 276k, and the ReLU and its
-backward (threshold_backward + clamp_min) from about 0.9 s to 0.2 s of the step.
+products a thousand rows at a time: the forward products and input gradients on oneDNN with the
+ReLU fused (`detrkit.ops.linear.dense`), the weight gradients accumulated by BLAS, so the ReLU
+mask in backward touches a cache-sized block right after the GEMM that wrote it. It saves the
+input and the hidden activations (ReLU outputs, one tensor per chunk) and recomputes nothing.
+The products are the plain path's; only the order of the additions in the weight and bias
+gradients differs (float rounding). Measured on 2 cores for the Nano decoder FFN (15600 rows,
+256 -> 2048 -> 256), forward + backward: 0.64 s against 0.87 s for 256-row chunks on BLAS and
+0.94 s for the plain layer-by-layer path.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-CHUNK_ROWS = 256
+from detrkit.ops.linear import dense, relu_backward_
+
+CHUNK_ROWS = 1024
 
 
 def chunking_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -38,14 +41,13 @@ def chunking_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def relu_mlp(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor],
-             chunk_rows: int | None = None) -> torch.Tensor:
-    """`linear(relu(... relu(linear(x, w0, b0)) ...), wn, bn)`, chunked over rows where that applies."""
+def chunked_relu_mlp(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor],
+                     chunk_rows: int | None = None) -> torch.Tensor:
+    """`linear(relu(... relu(linear(x, w0, b0)) ...), wn, bn)` over row chunks. Callers check
+    `chunking_applies` first: elsewhere their own layers (packed inference, GPU) are faster."""
     if len(weights) != len(biases) or not weights:
-        raise ValueError(f"relu_mlp needs one bias per weight, got {len(weights)} weights and {len(biases)} biases")
-    if chunking_applies(x, weights[0]):
-        return _ChunkedReluMLP.apply(x, chunk_rows or CHUNK_ROWS, len(weights), *weights, *biases)
-    return plain_relu_mlp(x, weights, biases)
+        raise ValueError(f"an MLP needs one bias per weight, got {len(weights)} weights and {len(biases)} biases")
+    return _ChunkedReluMLP.apply(x, chunk_rows or CHUNK_ROWS, len(weights), *weights, *biases)
 
 
 def plain_relu_mlp(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -57,12 +59,6 @@ def plain_relu_mlp(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Seq
     return x
 
 
-def _relu_mask_(grad: torch.Tensor, relu_out: torch.Tensor) -> None:
-    """grad *= (relu_out > 0) in place: ReLU's gradient from its own output. The fused kernel is
-    about 30x faster on CPU than `masked_fill_` with a boolean mask."""
-    torch.ops.aten.threshold_backward.grad_input(grad, relu_out, 0, grad_input=grad)
-
-
 def _chunks(rows: int, size: int) -> list[slice]:
     return [slice(start, min(start + size, rows)) for start in range(0, rows, size)]
 
@@ -70,55 +66,55 @@ def _chunks(rows: int, size: int) -> list[slice]:
 class _ChunkedReluMLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, chunk_rows, layers, *params):  # noqa: ANN001, ANN205 (autograd signature)
-        weights, biases = params[:layers], params[layers:]
+        weights = [w.contiguous() for w in params[:layers]]
+        biases = [b.contiguous() for b in params[layers:]]
         flat = x.reshape(-1, x.shape[-1]).contiguous()
-        rows = flat.shape[0]
-        outputs = [flat.new_empty(rows, w.shape[0]) for w in weights]  # hidden activations, then the result
-        for part in _chunks(rows, chunk_rows):
-            source = flat[part]
+        parts = _chunks(flat.shape[0], chunk_rows)
+        hidden = []  # per chunk, the ReLU outputs of every hidden layer
+        outputs = []
+        for part in parts:
+            source, kept = flat[part], []
             for i, (w, b) in enumerate(zip(weights, biases)):
-                target = outputs[i][part]
-                torch.addmm(b, source, w.t(), out=target)
-                if i < layers - 1:
-                    target.relu_()
-                source = target
-        ctx.save_for_backward(flat, *outputs[:-1], *weights)
+                source = dense(source, w, b, relu=i < layers - 1)
+                kept.append(source)
+            outputs.append(kept.pop())
+            hidden.extend(kept)
+        ctx.save_for_backward(flat, *weights, *hidden)
         ctx.chunk_rows, ctx.layers = chunk_rows, layers
-        return outputs[-1].view(*x.shape[:-1], weights[-1].shape[0])
+        return torch.cat(outputs).view(*x.shape[:-1], weights[-1].shape[0])
 
     @staticmethod
     @once_differentiable  # no double backward: a clear error instead of wrong second derivatives
     def backward(ctx, grad_out):  # noqa: ANN001, ANN205
         layers = ctx.layers
-        saved = ctx.saved_tensors
-        flat, hidden, weights = saved[0], saved[1:layers], saved[layers:]
+        flat, *saved = ctx.saved_tensors
+        weights, hidden = saved[:layers], saved[layers:]
         need = ctx.needs_input_grad
         need_x, need_w, need_b = need[0], need[3:3 + layers], need[3 + layers:]
         grad = grad_out.reshape(-1, grad_out.shape[-1]).contiguous()
-        rows = flat.shape[0]
-        inputs = (flat, *hidden)  # the input of layer i
         grad_w = [torch.zeros_like(w) if n else None for w, n in zip(weights, need_w)]
         grad_b = [w.new_zeros(w.shape[0]) if n else None for w, n in zip(weights, need_b)]
-        grad_x = torch.empty_like(flat) if need_x else None
         # The lowest layer whose input gradient is needed: below it nothing needs computing.
         lowest = 0 if need_x else next((i for i in range(layers) if need_w[i] or need_b[i]), layers)
-        scratch = [flat.new_empty(min(ctx.chunk_rows, rows), h.shape[1]) for h in hidden]
-        for part in _chunks(rows, ctx.chunk_rows):
+        transposed = [None] + [w.t().contiguous() for w in weights[1:]]  # grad @ w as dense(grad, w.T)
+        if need_x:
+            transposed[0] = weights[0].t().contiguous()
+        grad_x = []
+        for c, part in enumerate(_chunks(flat.shape[0], ctx.chunk_rows)):
             g = grad[part]
+            inputs = (flat[part], *hidden[c * (layers - 1):(c + 1) * (layers - 1)])  # the input of layer i
             for i in range(layers - 1, lowest - 1, -1):
-                source = inputs[i][part]
                 if grad_w[i] is not None:
-                    grad_w[i].addmm_(g.t(), source)
+                    grad_w[i].addmm_(g.t(), inputs[i])
                 if grad_b[i] is not None:
                     grad_b[i] += g.sum(0)
                 if i == 0:
-                    if grad_x is not None:
-                        torch.mm(g, weights[0], out=grad_x[part])
+                    if need_x:
+                        grad_x.append(dense(g, transposed[0]))
                 elif i > lowest:
-                    below = scratch[i - 1][: part.stop - part.start]
-                    torch.mm(g, weights[i], out=below)
-                    _relu_mask_(below, source)
-                    g = below
-        if grad_x is not None:
-            grad_x = grad_x.view(grad_out.shape[:-1] + (flat.shape[1],))
+                    g = relu_backward_(dense(g, transposed[i]), inputs[i])
+        if need_x:
+            grad_x = torch.cat(grad_x).view(grad_out.shape[:-1] + (flat.shape[1],))
+        else:
+            grad_x = None
         return (grad_x, None, None, *grad_w, *grad_b)

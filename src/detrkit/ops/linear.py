@@ -1,9 +1,11 @@
-"""Linear layers whose CPU inference runs on oneDNN pre-packed weights with fused activations.
+"""Linear layers whose fp32 CPU matrix products run on oneDNN instead of `F.linear`'s BLAS.
 
-Packing the weight once into oneDNN's blocked layout and fusing the activation into the GEMM
-makes fp32 CPU inference about 20-30% faster than `F.linear`. Training, autograd, other
-devices and dtypes, tracing and compilation always take the plain `F.linear` path, which is
-also the slow twin the tests compare against.
+Inference packs the weight once into oneDNN's blocked layout and fuses the activation into the
+GEMM: about 20-30% faster than `F.linear`. Training runs the forward product and the input
+gradient on oneDNN too (`_OneDnnLinear`), and the weight gradient on BLAS: on this project's
+2-core AMD EPYC test machine oneDNN's fp32 GEMM runs the step's forward-shaped products at about
+135-160 GFLOP/s where MKL's `addmm` reaches 80-115. Other devices and dtypes, tracing and
+compilation take the plain `F.linear` path, which is also the slow twin the tests compare against.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 _HAS_PACKED_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 # activation name -> (oneDNN post-op, its scalars, its algorithm) and the eager equivalent
@@ -31,6 +34,65 @@ def packing_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and not torch.jit.is_tracing()
         and not torch.compiler.is_compiling()
     )
+
+
+def onednn_training_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True for fp32 CPU products under autograd, outside tracing and compilation."""
+    return (
+        _HAS_PACKED_LINEAR
+        and torch.is_grad_enabled()
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.numel() > 0
+        and not torch.jit.is_tracing()
+        and not torch.compiler.is_compiling()
+    )
+
+
+def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
+    """relu?(x @ weight.T + bias) for a contiguous 2-D x, without autograd: oneDNN for fp32 on CPU
+    (weight in its plain layout, the ReLU fused), `F.linear` otherwise."""
+    if _HAS_PACKED_LINEAR and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "relu" if relu else "none", [], "")
+    out = F.linear(x, weight, bias)
+    return out.relu_() if relu else out
+
+
+def relu_backward_(grad: torch.Tensor, relu_out: torch.Tensor) -> torch.Tensor:
+    """grad *= (relu_out > 0) in place: ReLU's gradient from its own output. The fused kernel is
+    about 30x faster on CPU than `masked_fill_` with a boolean mask."""
+    return torch.ops.aten.threshold_backward.grad_input(grad, relu_out, 0, grad_input=grad)
+
+
+class _OneDnnLinear(torch.autograd.Function):
+    """`F.linear` with an optional fused ReLU, forward product and input gradient by `dense`, the
+    weight gradient by BLAS. The ReLU's backward mask comes from its saved output."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, relu):  # noqa: ANN001, ANN205 (autograd signature)
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        out = dense(flat, weight.contiguous(), None if bias is None else bias.contiguous(), relu)
+        ctx.save_for_backward(flat, weight, out if relu else None)
+        ctx.relu, ctx.has_bias = relu, bias is not None
+        return out.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    @once_differentiable  # no double backward: a clear error instead of wrong second derivatives
+    def backward(ctx, grad_out):  # noqa: ANN001, ANN205
+        flat, weight, out = ctx.saved_tensors
+        grad = grad_out.reshape(-1, grad_out.shape[-1]).contiguous()
+        if ctx.relu:
+            grad = torch.ops.aten.threshold_backward(grad, out, 0)  # grad_out may be shared: not in place
+        need_x, need_w, need_b, _ = ctx.needs_input_grad
+        grad_x = grad_w = grad_b = None
+        if need_x:
+            grad_x = dense(grad, weight.t().contiguous()).view(*grad_out.shape[:-1], flat.shape[1])
+        if need_w:
+            grad_w = grad.t().mm(flat)
+        if need_b and ctx.has_bias:
+            grad_b = grad.sum(0)
+        return grad_x, grad_w, grad_b, None
 
 
 class PackedWeight:
@@ -67,6 +129,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
     if packed is not None and packing_applies(x, weight):
         rows = x.numel() // x.shape[-1]
         return packed_linear(x, packed.get((weight,), lambda: weight, rows), bias, activation)
+    if onednn_training_applies(x, weight):
+        out = _OneDnnLinear.apply(x, weight, bias, activation == "relu")
+        return F.gelu(out) if activation == "gelu" else out
     return _EAGER[activation](F.linear(x, weight, bias))
 
 
@@ -80,7 +145,7 @@ def scaled_residual_linear(x: torch.Tensor, residual: torch.Tensor, weight: torc
         rows = x.numel() // x.shape[-1]
         folded = packed.get((weight, scale), lambda: weight * scale[:, None], rows)
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, folded, bias * scale, "add")
-    return torch.addcmul(residual, scale, F.linear(x, weight, bias))
+    return torch.addcmul(residual, scale, linear(x, weight, bias))
 
 
 class Linear(nn.Linear):
