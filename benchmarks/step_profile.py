@@ -83,10 +83,14 @@ def gemm_table(step) -> list[dict]:
         step()
     rows = []
     for event in prof.key_averages(group_by_input_shape=True):
-        if event.key not in ("aten::mm", "aten::addmm"):
+        if event.key not in ("aten::mm", "aten::addmm", "aten::addmm_", "mkldnn::_linear_pointwise"):
             continue
-        shapes = event.input_shapes[:2] if event.key == "aten::mm" else event.input_shapes[1:3]
-        (m, k), (_, n) = shapes
+        if event.key == "mkldnn::_linear_pointwise":  # x (M, K) @ weight (N, K).T
+            shapes = event.input_shapes[:2]
+            (m, k), (n, _) = shapes
+        else:
+            shapes = event.input_shapes[:2] if event.key == "aten::mm" else event.input_shapes[1:3]
+            (m, k), (_, n) = shapes
         seconds = event.self_cpu_time_total / 1e6
         gflop = 2 * m * k * n * event.count / 1e9
         rows.append({"op": event.key, "shapes": shapes, "calls": event.count, "seconds": round(seconds, 4),

@@ -120,3 +120,22 @@ def test_deep_copy_after_packed_inference_packs_its_own_weights():
     with torch.inference_mode():
         torch.testing.assert_close(clone(x), F.linear(x, clone.weight, clone.bias))
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_flop_counters_see_the_plain_products():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from detrkit.models.mlp import MLP
+
+    layer, mlp = Linear(24, 40, activation="relu"), MLP(8, 16, 4, 2)
+    x, rows = torch.randn(5, 24, requires_grad=True), torch.randn(3000, 8, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        assert not onednn_training_applies(x, layer.weight)
+        (layer(x).sum() + mlp(rows).sum()).backward()
+        with torch.no_grad():
+            assert not packing_applies(x, layer.weight)
+    forward = 2 * 5 * 24 * 40 + 2 * 3000 * (8 * 16 + 16 * 4)
+    # backward: a weight gradient for every layer, an input gradient for all but the MLP's first
+    # layer's input (rows), which needs one too: 3x the forward products in all
+    assert counter.get_total_flops() == 3 * forward
+    assert onednn_training_applies(x, layer.weight) == torch.backends.mkldnn.is_available()

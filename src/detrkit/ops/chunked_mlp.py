@@ -23,21 +23,20 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from detrkit.ops.linear import dense, relu_backward_
+from detrkit.ops.linear import dense, plain_ops_needed, relu_backward_
 
 CHUNK_ROWS = 1024
 
 
 def chunking_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True for fp32 CPU training outside tracing and compilation, on inputs big enough to matter."""
+    """True for fp32 CPU training on inputs big enough to matter (and where `plain_ops_needed` is false)."""
     return (
         torch.is_grad_enabled()
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and x.numel() // x.shape[-1] > 2 * CHUNK_ROWS
-        and not torch.jit.is_tracing()
-        and not torch.compiler.is_compiling()
+        and not plain_ops_needed()
     )
 
 

@@ -23,21 +23,26 @@ _POST_OPS = {"none": ("none", [], ""), "gelu": ("gelu", [], "none"), "relu": ("r
 _EAGER = {"none": lambda x: x, "gelu": F.gelu, "relu": F.relu}
 
 
+def plain_ops_needed() -> bool:
+    """True under tracing, compilation or a Python dispatch mode (FLOP counters, fake tensors):
+    they see the plain aten products, not oneDNN's."""
+    return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+
+
 def packing_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True for fp32 CPU inference outside autograd, tracing and compilation."""
+    """True for fp32 CPU inference outside autograd (and where `plain_ops_needed` is false)."""
     return (
         _HAS_PACKED_LINEAR
         and not torch.is_grad_enabled()
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
-        and not torch.jit.is_tracing()
-        and not torch.compiler.is_compiling()
+        and not plain_ops_needed()
     )
 
 
 def onednn_training_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True for fp32 CPU products under autograd, outside tracing and compilation."""
+    """True for fp32 CPU products under autograd (and where `plain_ops_needed` is false)."""
     return (
         _HAS_PACKED_LINEAR
         and torch.is_grad_enabled()
@@ -45,8 +50,7 @@ def onednn_training_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and x.numel() > 0
-        and not torch.jit.is_tracing()
-        and not torch.compiler.is_compiling()
+        and not plain_ops_needed()
     )
 
 
