@@ -4,8 +4,9 @@ Inference packs the weight once into oneDNN's blocked layout and fuses the activ
 GEMM: about 20-30% faster than `F.linear`. Training runs the forward product and the input
 gradient on oneDNN too (`_OneDnnLinear`), and the weight gradient on BLAS: on this project's
 2-core AMD EPYC test machine oneDNN's fp32 GEMM runs the step's forward-shaped products at about
-135-160 GFLOP/s where MKL's `addmm` reaches 80-115. Other devices and dtypes, tracing and
-compilation take the plain `F.linear` path, which is also the slow twin the tests compare against.
+135-160 GFLOP/s where MKL's `addmm` reaches 80-115. Other devices and dtypes, tracing,
+compilation and Python dispatch modes take the plain `F.linear` path, which is also the slow
+twin the tests compare against.
 """
 
 from __future__ import annotations
