@@ -23,21 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from detrkit.ops.linear import dense, plain_ops_needed, relu_backward_
+from detrkit.ops.linear import dense, fp32_cpu_eager, relu_backward_
 
 CHUNK_ROWS = 1024
 
 
 def chunking_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True for fp32 CPU training on inputs big enough to matter (and where `plain_ops_needed` is false)."""
-    return (
-        torch.is_grad_enabled()
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and x.numel() // x.shape[-1] > 2 * CHUNK_ROWS
-        and not plain_ops_needed()
-    )
+    """True for fp32 CPU training (`fp32_cpu_eager`) on inputs big enough to matter."""
+    return torch.is_grad_enabled() and x.numel() // x.shape[-1] > 2 * CHUNK_ROWS and fp32_cpu_eager(x, weight)
 
 
 def chunked_relu_mlp(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor],
@@ -95,10 +88,9 @@ class _ChunkedReluMLP(torch.autograd.Function):
         grad_b = [w.new_zeros(w.shape[0]) if n else None for w, n in zip(weights, need_b)]
         # The lowest layer whose input gradient is needed: below it nothing needs computing.
         lowest = 0 if need_x else next((i for i in range(layers) if need_w[i] or need_b[i]), layers)
-        transposed = [None] + [w.t().contiguous() for w in weights[1:]]  # grad @ w as dense(grad, w.T)
-        if need_x:
-            transposed[0] = weights[0].t().contiguous()
-        grad_x = []
+        # grad @ w as dense(grad, w.T), for the layers whose input gradient is needed
+        transposed = [w.t().contiguous() if (i > lowest if i else need_x) else None for i, w in enumerate(weights)]
+        grad_x_parts = []
         for c, part in enumerate(_chunks(flat.shape[0], ctx.chunk_rows)):
             g = grad[part]
             inputs = (flat[part], *hidden[c * (layers - 1):(c + 1) * (layers - 1)])  # the input of layer i
@@ -109,11 +101,8 @@ class _ChunkedReluMLP(torch.autograd.Function):
                     grad_b[i] += g.sum(0)
                 if i == 0:
                     if need_x:
-                        grad_x.append(dense(g, transposed[0]))
+                        grad_x_parts.append(dense(g, transposed[0]))
                 elif i > lowest:
                     g = relu_backward_(dense(g, transposed[i]), inputs[i])
-        if need_x:
-            grad_x = torch.cat(grad_x).view(grad_out.shape[:-1] + (flat.shape[1],))
-        else:
-            grad_x = None
+        grad_x = torch.cat(grad_x_parts).view(grad_out.shape[:-1] + (flat.shape[1],)) if need_x else None
         return (grad_x, None, None, *grad_w, *grad_b)

@@ -30,36 +30,27 @@ def plain_ops_needed() -> bool:
     return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
 
 
+def fp32_cpu_eager(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """fp32 x and weight on the CPU, where `plain_ops_needed` is false: what every oneDNN path needs."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and not plain_ops_needed())
+
+
 def packing_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True for fp32 CPU inference outside autograd (and where `plain_ops_needed` is false)."""
-    return (
-        _HAS_PACKED_LINEAR
-        and not torch.is_grad_enabled()
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and not plain_ops_needed()
-    )
+    return _HAS_PACKED_LINEAR and not torch.is_grad_enabled() and fp32_cpu_eager(x, weight)
 
 
 def onednn_training_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True for fp32 CPU products under autograd (and where `plain_ops_needed` is false)."""
-    return (
-        _HAS_PACKED_LINEAR
-        and torch.is_grad_enabled()
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and x.numel() > 0
-        and not plain_ops_needed()
-    )
+    return _HAS_PACKED_LINEAR and torch.is_grad_enabled() and x.numel() > 0 and fp32_cpu_eager(x, weight)
 
 
 def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
     """relu?(x @ weight.T + bias) for a contiguous 2-D x, without autograd: oneDNN for fp32 on CPU
     (weight in its plain layout, the ReLU fused), `F.linear` otherwise."""
     if _HAS_PACKED_LINEAR and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "relu" if relu else "none", [], "")
+        return packed_linear(x, weight, bias, "relu" if relu else "none")  # oneDNN takes plain weights too
     out = F.linear(x, weight, bias)
     return out.relu_() if relu else out
 
@@ -123,7 +114,7 @@ class PackedWeight:
 
 def packed_linear(x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tensor | None,
                   activation: str = "none") -> torch.Tensor:
-    """activation(x @ weight.T + bias) with a weight from `PackedWeight.get`."""
+    """activation(x @ weight.T + bias) on oneDNN, with a weight from `PackedWeight.get` or a plain (out, in) one."""
     op, scalars, algorithm = _POST_OPS[activation]
     return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, op, scalars, algorithm)
 
