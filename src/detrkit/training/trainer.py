@@ -16,6 +16,7 @@ from pytorch_lightning.loggers import CSVLogger, Logger
 
 from detrkit.config import TrainConfig
 from detrkit.training.callbacks.early_stopping import MetricEarlyStopping
+from detrkit.training.callbacks.heap import RetainHeap
 from detrkit.training.callbacks.schedule import ValidateLastEpoch
 from detrkit.training.callbacks.summary import EpochSummary
 from detrkit.training.checkpoints import AtomicCheckpointIO, BestModels, FileCheckpoint, metric_key
@@ -29,7 +30,7 @@ def build_trainer(train_config: TrainConfig, **trainer_kwargs: Any) -> pl.Traine
     """Trainer for `train_config`; keyword arguments override or extend the Trainer's settings
     (devices defaults to 1; callbacks and loggers given here are added to detrkit's)."""
     output = Path(train_config.output_dir)
-    callbacks = [ValidateLastEpoch(), EpochSummary(), *run_callbacks(train_config),
+    callbacks = [RetainHeap(), ValidateLastEpoch(), EpochSummary(), *run_callbacks(train_config),
                  *trainer_kwargs.pop("callbacks", [])]
     if train_config.progress_bar == "rich":
         callbacks.append(RichProgressBar())
