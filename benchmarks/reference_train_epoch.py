@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time train() of the reference rfdetr on a data set (run with the reference's interpreter).
 
-    REF/bin/python benchmarks/reference_train_epoch.py --dataset DIR --output DIR [--no-ema] [--seed 0]
+    REF/bin/python benchmarks/reference_train_epoch.py --dataset DIR --output DIR [--no-ema] [--seed 0] [--device cpu]
 
 The global torch RNG is seeded with `--seed` before the model is built (weights are initialised at
 construction), and the same seed goes to train() as TrainConfig.seed.
@@ -31,6 +31,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--ema", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     real_stdout, sys.stdout = sys.stdout, sys.stderr
@@ -39,7 +40,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    model = RFDETRNano(pretrain_weights=None, device="cpu", resolution=args.resolution)
+    model = RFDETRNano(pretrain_weights=None, device=args.device, resolution=args.resolution)
     start = time.perf_counter()
     model.train(dataset_dir=args.dataset, output_dir=args.output, epochs=args.epochs, batch_size=args.batch_size,
                 num_workers=args.workers, use_ema=args.ema, seed=args.seed, tensorboard=False, progress_bar=None)

@@ -4,7 +4,7 @@ beside the reference package on the same data in the same run.
 
     python benchmarks/train_epoch.py [--epochs 1] [--train-images 48] [--valid-images 16] \
         [--ema | --no-ema] [--seed 0 --repeats 1 | --seeds 0 1 2] \
-        [--reference-python REF/bin/python] [--out result.json]
+        [--reference-python REF/bin/python] [--device cpu] [--dataset DIR] [--out result.json]
 
 Each seed trains detrkit, then the reference, on the same data (the data set is generated once,
 with seed 0). The seed seeds the global torch RNG before the model is built (both packages
@@ -49,6 +49,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=1, help="runs with seeds seed, seed+1, ...")
     parser.add_argument("--seeds", type=int, nargs="+", help="explicit seeds (overrides --seed/--repeats)")
     parser.add_argument("--reference-python")
+    parser.add_argument("--device", default="cpu", help="torch device of both packages' runs (default: cpu)")
+    parser.add_argument("--dataset", type=Path,
+                        help="train on this folder instead of generating one (so parallel runs share it)")
     parser.add_argument("--out", type=Path)
     return parser.parse_args()
 
@@ -57,7 +60,7 @@ def detrkit_run(args: argparse.Namespace, dataset: Path, output: Path, seed: int
     from detrkit import RFDETRNano
 
     torch.manual_seed(seed)  # weights are initialised here, before train() seeds the run
-    model = RFDETRNano(pretrain_weights=None, device="cpu", resolution=args.resolution)
+    model = RFDETRNano(pretrain_weights=None, device=args.device, resolution=args.resolution)
     start = time.perf_counter()
     model.train(dataset_dir=str(dataset), output_dir=str(output), epochs=args.epochs, batch_size=args.batch_size,
                 num_workers=args.workers, use_ema=args.ema, seed=seed, tensorboard=False, progress_bar=None)
@@ -75,7 +78,7 @@ def step_gflops(model, args: argparse.Namespace) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
     detector = model.model.train()
-    pixels = torch.randn(args.batch_size, 3, args.resolution, args.resolution)
+    pixels = torch.randn(args.batch_size, 3, args.resolution, args.resolution, device=args.device)
     with FlopCounterMode(display=False) as counter:
         out = detector(pixels)
         (out.pred_logits.sum() + out.pred_boxes.sum()).backward()
@@ -87,7 +90,8 @@ def reference_run(args: argparse.Namespace, dataset: Path, output: Path, seed: i
     command = [args.reference_python, str(HERE / "reference_train_epoch.py"), "--dataset", str(dataset),
                "--output", str(output), "--resolution", str(args.resolution), "--batch-size",
                str(args.batch_size), "--epochs", str(args.epochs), "--threads", str(args.threads),
-               "--workers", str(args.workers), "--seed", str(seed), "--ema" if args.ema else "--no-ema"]
+               "--workers", str(args.workers), "--seed", str(seed), "--ema" if args.ema else "--no-ema",
+               "--device", args.device]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode:
         sys.stderr.write(result.stderr[-4000:])
@@ -157,8 +161,8 @@ def main() -> int:
         return text
 
     with tempfile.TemporaryDirectory() as scratch:
-        dataset = make_synthetic_dataset(Path(scratch) / "data", num_train=args.train_images,
-                                         num_valid=args.valid_images, seed=0)
+        dataset = args.dataset or make_synthetic_dataset(Path(scratch) / "data", num_train=args.train_images,
+                                                         num_valid=args.valid_images, seed=0)
         for seed in seeds:
             ours.append(detrkit_run(args, dataset, Path(scratch) / f"detrkit-{seed}", seed, count_flops=not ours))
             print(f"detrkit seed {seed}: {ours[-1]['seconds']:.1f} s, mAP@50 {ours[-1]['map_50']}",
@@ -169,7 +173,7 @@ def main() -> int:
                 print(f"reference seed {seed}: {theirs[-1]['seconds']:.1f} s, mAP@50 {theirs[-1]['map_50']}",
                       file=sys.stderr, flush=True)
                 emit()
-    print(emit(gemm_rate()))
+    print(emit(gemm_rate() if args.device == "cpu" else None))
     return 0
 
 

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# One short CUDA check for a session lent a GPU: the learning comparison (detrkit beside the
+# reference, several seeds at once, in the background), the gpu-marked tests and the demo on CUDA.
+#
+#   bash benchmarks/gpu_session.sh OUT_DIR ["0 1 2 3 4 5"]
+#
+# Runs in the repository root of a machine whose python3 has torch with CUDA. Packages that
+# machine lacks come as wheels: .whl/*.whl for detrkit, .whl/ref/*.whl for the reference (rfdetr and
+# the versions it pins). Writes to OUT_DIR: env.txt, gpu_tests.log, demo.log, learning.json, learning.log.
+set -u
+out=${1:?usage: gpu_session.sh OUT_DIR [SEEDS]}
+seeds=${2:-"0 1 2 3 4 5"}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+here=$(pwd)
+install() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$1" "${@:2}"; }
+install /tmp/site .whl/*.whl || exit 1
+install /tmp/refsite .whl/ref/*.whl || exit 1
+ours="$here/src:/tmp/site"
+theirs="/tmp/refsite:/tmp/site"  # the reference's own pins first
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import torch, pytorch_lightning as pl; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', pl.__version__)"
+  nproc; } > "$out/env.txt" 2>&1
+
+echo "== learning, in the background" >&2
+data=/tmp/learn
+PYTHONPATH=$ours python3 -c "
+from detrkit.datasets.synthetic import make_synthetic_dataset
+make_synthetic_dataset('$data', num_train=200, num_valid=50, seed=0)"
+mkdir -p /tmp/runs
+for seed in $seeds; do
+  PYTHONPATH=$ours timeout 300 python3 benchmarks/train_epoch.py --device cuda --dataset $data --epochs 2 \
+      --train-images 200 --valid-images 50 --seeds "$seed" --out "/tmp/runs/detrkit-$seed.json" \
+      > "/tmp/runs/detrkit-$seed.log" 2>&1 &
+  PYTHONPATH=$theirs timeout 300 python3 benchmarks/reference_train_epoch.py --device cuda --dataset $data \
+      --output "/tmp/runs/reference-out-$seed" --epochs 2 --seed "$seed" \
+      > "/tmp/runs/reference-$seed.json" 2> "/tmp/runs/reference-$seed.log" &
+done
+echo "== gpu tests" >&2
+PYTHONPATH=$ours timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1
+echo "gpu tests rc=$?" >> "$out/gpu_tests.log"
+
+echo "== demo on cuda" >&2
+PYTHONPATH=$ours timeout 120 python3 -m detrkit.cli demo --device cuda --output /tmp/demo > "$out/demo.log" 2>&1
+echo "demo rc=$?" >> "$out/demo.log"
+
+wait
+tail -n 25 /tmp/runs/*.log > "$out/learning.log" 2>&1
+python3 - "$out/learning.json" $seeds <<'EOF'
+import json, sys
+from pathlib import Path
+out, seeds = sys.argv[1], sys.argv[2:]
+result = {"device": "cuda", "epochs": 2, "train_images": 200, "valid_images": 50, "resolution": 320,
+          "batch_size": 4, "ema": True, "note": "all runs at once on one GPU: seconds are not speed figures",
+          "detrkit": {}, "reference": {}}
+for seed in seeds:
+    ours = Path(f"/tmp/runs/detrkit-{seed}.json")
+    if ours.exists():
+        run = json.loads(ours.read_text())["detrkit"]
+        result["detrkit"][seed] = {"map_50": run["per_seed_map_50"][0], "seconds": run["per_seed_seconds"][0]}
+    theirs = Path(f"/tmp/runs/reference-{seed}.json").read_text().strip().splitlines()
+    if theirs:
+        run = json.loads(theirs[-1])
+        result["reference"][seed] = {"map_50": run["map_50"], "seconds": run["seconds"]}
+pairs = [(result["detrkit"][s]["map_50"], result["reference"][s]["map_50"]) for s in seeds
+         if s in result["detrkit"] and s in result["reference"]]
+for epoch in range(2):
+    diffs = [a[epoch] - b[epoch] for a, b in pairs if len(a) > epoch and len(b) > epoch]
+    if diffs:
+        mean = sum(diffs) / len(diffs)
+        sd = (sum((d - mean) ** 2 for d in diffs) / max(len(diffs) - 1, 1)) ** 0.5
+        result[f"epoch_{epoch + 1}"] = {
+            "pairs": len(diffs), "detrkit_mean": sum(a[epoch] for a, _ in pairs) / len(pairs),
+            "reference_mean": sum(b[epoch] for _, b in pairs) / len(pairs),
+            "mean_difference": mean, "standard_error": sd / len(diffs) ** 0.5}
+Path(out).write_text(json.dumps(result, indent=2) + "\n")
+print(json.dumps({k: v for k, v in result.items() if k.startswith("epoch_")}, indent=2))
+EOF
