@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # One short CUDA check for a session lent a GPU: the learning comparison (detrkit beside the
-# reference, several seeds at once, in the background), the gpu-marked tests and the demo on CUDA.
+# reference, several seeds and settings at once, in the background), the gpu-marked tests and the
+# demo on CUDA.
 #
-#   bash benchmarks/gpu_session.sh OUT_DIR ["0 1 2 3 4 5"]
+#   bash benchmarks/gpu_session.sh OUT_DIR ["0 1 2 3 4 5"] [NAME='{"train": "kwargs"}' ...]
 #
-# Runs in the repository root of a machine whose python3 has torch with CUDA. Packages that
-# machine lacks come as wheels: .whl/*.whl for detrkit, .whl/ref/*.whl for the reference (rfdetr and
-# the versions it pins). Writes to OUT_DIR: env.txt, gpu_tests.log, demo.log, learning.json, learning.log.
+# Each NAME=JSON pair is one setting, trained by both packages for every seed (default: one
+# setting, default={}); CHECKS=0 skips the tests and the demo. Runs in the repository root of a
+# machine whose python3 has torch with CUDA. Packages that machine lacks come as wheels:
+# .whl/*.whl for detrkit, .whl/ref/*.whl for the reference (rfdetr and the versions it pins).
+# Writes to OUT_DIR: env.txt, gpu_tests.log, demo.log, learning.json, learning.log.
 set -u
-out=${1:?usage: gpu_session.sh OUT_DIR [SEEDS]}
+out=${1:?usage: gpu_session.sh OUT_DIR [SEEDS] [NAME=JSON ...]}
 seeds=${2:-"0 1 2 3 4 5"}
+shift $(( $# < 2 ? $# : 2 ))
+settings=("$@")
+[ ${#settings[@]} -gt 0 ] || settings=("default={}")
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 here=$(pwd)
@@ -23,57 +29,75 @@ theirs="/tmp/refsite:/tmp/site"  # the reference's own pins first
   python3 -c "import torch, pytorch_lightning as pl; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', pl.__version__)"
   nproc; } > "$out/env.txt" 2>&1
 
-echo "== learning, in the background" >&2
+echo "== learning, in the background: ${settings[*]}" >&2
 data=/tmp/learn
 PYTHONPATH=$ours python3 -c "
 from detrkit.datasets.synthetic import make_synthetic_dataset
 make_synthetic_dataset('$data', num_train=200, num_valid=50, seed=0)"
-mkdir -p /tmp/runs
-for seed in $seeds; do
-  PYTHONPATH=$ours timeout 300 python3 benchmarks/train_epoch.py --device cuda --dataset $data --epochs 2 \
-      --train-images 200 --valid-images 50 --seeds "$seed" --out "/tmp/runs/detrkit-$seed.json" \
-      > "/tmp/runs/detrkit-$seed.log" 2>&1 &
-  PYTHONPATH=$theirs timeout 300 python3 benchmarks/reference_train_epoch.py --device cuda --dataset $data \
-      --output "/tmp/runs/reference-out-$seed" --epochs 2 --seed "$seed" \
-      > "/tmp/runs/reference-$seed.json" 2> "/tmp/runs/reference-$seed.log" &
+for setting in "${settings[@]}"; do
+  name=${setting%%=*} kwargs=${setting#*=}
+  runs=/tmp/runs/$name
+  mkdir -p "$runs"
+  for seed in $seeds; do
+    PYTHONPATH=$ours timeout 420 python3 benchmarks/train_epoch.py --device cuda --dataset $data --epochs 2 \
+        --train-images 200 --valid-images 50 --seeds "$seed" --train-kwargs "$kwargs" \
+        --out "$runs/detrkit-$seed.json" > "$runs/detrkit-$seed.log" 2>&1 &
+    PYTHONPATH=$theirs timeout 420 python3 benchmarks/reference_train_epoch.py --device cuda --dataset $data \
+        --output "$runs/reference-out-$seed" --epochs 2 --seed "$seed" --train-kwargs "$kwargs" \
+        > "$runs/reference-$seed.json" 2> "$runs/reference-$seed.log" &
+  done
 done
-echo "== gpu tests" >&2
-PYTHONPATH=$ours timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1
-echo "gpu tests rc=$?" >> "$out/gpu_tests.log"
 
-echo "== demo on cuda" >&2
-PYTHONPATH=$ours timeout 120 python3 -m detrkit.cli demo --device cuda --output /tmp/demo > "$out/demo.log" 2>&1
-echo "demo rc=$?" >> "$out/demo.log"
+if [ "${CHECKS:-1}" != 0 ]; then
+  echo "== gpu tests" >&2
+  PYTHONPATH=$ours timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests > "$out/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$out/gpu_tests.log"
+  echo "== demo on cuda" >&2
+  PYTHONPATH=$ours timeout 120 python3 -m detrkit.cli demo --device cuda --output /tmp/demo > "$out/demo.log" 2>&1
+  echo "demo rc=$?" >> "$out/demo.log"
+fi
 
 wait
-tail -n 25 /tmp/runs/*.log > "$out/learning.log" 2>&1
-python3 - "$out/learning.json" $seeds <<'EOF'
+tail -n 25 /tmp/runs/*/*.log > "$out/learning.log" 2>&1
+python3 - "$out/learning.json" "$seeds" "${settings[@]}" <<'EOF'
 import json, sys
 from pathlib import Path
-out, seeds = sys.argv[1], sys.argv[2:]
+
+
+def read(setting: str, seeds: list[str]) -> dict:
+    name, kwargs = setting.split("=", 1)
+    runs = Path("/tmp/runs") / name
+    result = {"train_kwargs": json.loads(kwargs), "detrkit": {}, "reference": {}}
+    for seed in seeds:
+        ours = runs / f"detrkit-{seed}.json"
+        if ours.exists():
+            run = json.loads(ours.read_text())["detrkit"]
+            result["detrkit"][seed] = {"map_50": run["per_seed_map_50"][0], "seconds": run["per_seed_seconds"][0]}
+        theirs = (runs / f"reference-{seed}.json").read_text().strip().splitlines()
+        if theirs:
+            run = json.loads(theirs[-1])
+            result["reference"][seed] = {"map_50": run["map_50"], "seconds": run["seconds"]}
+    pairs = [(result["detrkit"][s]["map_50"], result["reference"][s]["map_50"]) for s in seeds
+             if s in result["detrkit"] and s in result["reference"]]
+    for epoch in range(2):
+        kept = [(a[epoch], b[epoch]) for a, b in pairs if len(a) > epoch and len(b) > epoch]
+        if kept:
+            diffs = [a - b for a, b in kept]
+            mean = sum(diffs) / len(diffs)
+            sd = (sum((d - mean) ** 2 for d in diffs) / max(len(diffs) - 1, 1)) ** 0.5
+            result[f"epoch_{epoch + 1}"] = {
+                "pairs": len(kept), "detrkit_mean": sum(a for a, _ in kept) / len(kept),
+                "reference_mean": sum(b for _, b in kept) / len(kept),
+                "mean_difference": mean, "standard_error": sd / len(diffs) ** 0.5}
+    return result
+
+
+out, seeds, settings = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 result = {"device": "cuda", "epochs": 2, "train_images": 200, "valid_images": 50, "resolution": 320,
-          "batch_size": 4, "ema": True, "note": "all runs at once on one GPU: seconds are not speed figures",
-          "detrkit": {}, "reference": {}}
-for seed in seeds:
-    ours = Path(f"/tmp/runs/detrkit-{seed}.json")
-    if ours.exists():
-        run = json.loads(ours.read_text())["detrkit"]
-        result["detrkit"][seed] = {"map_50": run["per_seed_map_50"][0], "seconds": run["per_seed_seconds"][0]}
-    theirs = Path(f"/tmp/runs/reference-{seed}.json").read_text().strip().splitlines()
-    if theirs:
-        run = json.loads(theirs[-1])
-        result["reference"][seed] = {"map_50": run["map_50"], "seconds": run["seconds"]}
-pairs = [(result["detrkit"][s]["map_50"], result["reference"][s]["map_50"]) for s in seeds
-         if s in result["detrkit"] and s in result["reference"]]
-for epoch in range(2):
-    diffs = [a[epoch] - b[epoch] for a, b in pairs if len(a) > epoch and len(b) > epoch]
-    if diffs:
-        mean = sum(diffs) / len(diffs)
-        sd = (sum((d - mean) ** 2 for d in diffs) / max(len(diffs) - 1, 1)) ** 0.5
-        result[f"epoch_{epoch + 1}"] = {
-            "pairs": len(diffs), "detrkit_mean": sum(a[epoch] for a, _ in pairs) / len(pairs),
-            "reference_mean": sum(b[epoch] for _, b in pairs) / len(pairs),
-            "mean_difference": mean, "standard_error": sd / len(diffs) ** 0.5}
+          "batch_size": 4, "defaults": "EMA on, multi_scale per-batch, unless train_kwargs say otherwise",
+          "note": "all runs at once on one GPU: seconds are not speed figures",
+          "settings": {s.split("=", 1)[0]: read(s, seeds) for s in settings}}
 Path(out).write_text(json.dumps(result, indent=2) + "\n")
-print(json.dumps({k: v for k, v in result.items() if k.startswith("epoch_")}, indent=2))
+for name, setting in result["settings"].items():
+    print(name, json.dumps({k: v for k, v in setting.items() if k.startswith("epoch_")}))
 EOF

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Time train() of the reference rfdetr on a data set (run with the reference's interpreter).
 
-    REF/bin/python benchmarks/reference_train_epoch.py --dataset DIR --output DIR [--no-ema] [--seed 0] [--device cpu]
+    REF/bin/python benchmarks/reference_train_epoch.py --dataset DIR --output DIR [--no-ema] [--seed 0] [--device cpu] \
+        [--train-kwargs '{"augmentation_backend": "torchvision"}']
 
 The global torch RNG is seeded with `--seed` before the model is built (weights are initialised at
 construction), and the same seed goes to train() as TrainConfig.seed.
@@ -32,6 +33,7 @@ def main() -> int:
     parser.add_argument("--ema", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--train-kwargs", default="{}", help="JSON object of further train() keywords")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     real_stdout, sys.stdout = sys.stdout, sys.stderr
@@ -42,8 +44,9 @@ def main() -> int:
     torch.manual_seed(args.seed)
     model = RFDETRNano(pretrain_weights=None, device=args.device, resolution=args.resolution)
     start = time.perf_counter()
-    model.train(dataset_dir=args.dataset, output_dir=args.output, epochs=args.epochs, batch_size=args.batch_size,
-                num_workers=args.workers, use_ema=args.ema, seed=args.seed, tensorboard=False, progress_bar=None)
+    settings = dict(dataset_dir=args.dataset, output_dir=args.output, epochs=args.epochs, batch_size=args.batch_size,
+                    num_workers=args.workers, use_ema=args.ema, seed=args.seed, tensorboard=False, progress_bar=None)
+    model.train(**{**settings, **json.loads(args.train_kwargs)})
     seconds = time.perf_counter() - start
     with open(os.path.join(args.output, "metrics.csv"), newline="") as stream:
         rows = [r for r in csv.DictReader(stream) if r.get("val/mAP_50")]

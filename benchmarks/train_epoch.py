@@ -4,7 +4,8 @@ beside the reference package on the same data in the same run.
 
     python benchmarks/train_epoch.py [--epochs 1] [--train-images 48] [--valid-images 16] \
         [--ema | --no-ema] [--seed 0 --repeats 1 | --seeds 0 1 2] \
-        [--reference-python REF/bin/python] [--device cpu] [--dataset DIR] [--out result.json]
+        [--reference-python REF/bin/python] [--device cpu] [--dataset DIR] \
+        [--train-kwargs '{"multi_scale": false}'] [--out result.json]
 
 Each seed trains detrkit, then the reference, on the same data (the data set is generated once,
 with seed 0). The seed seeds the global torch RNG before the model is built (both packages
@@ -50,6 +51,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", help="explicit seeds (overrides --seed/--repeats)")
     parser.add_argument("--reference-python")
     parser.add_argument("--device", default="cpu", help="torch device of both packages' runs (default: cpu)")
+    parser.add_argument("--train-kwargs", default="{}",
+                        help='JSON object of further train() keywords for both packages, e.g. {"multi_scale": false}')
     parser.add_argument("--dataset", type=Path,
                         help="train on this folder instead of generating one (so parallel runs share it)")
     parser.add_argument("--out", type=Path)
@@ -62,8 +65,9 @@ def detrkit_run(args: argparse.Namespace, dataset: Path, output: Path, seed: int
     torch.manual_seed(seed)  # weights are initialised here, before train() seeds the run
     model = RFDETRNano(pretrain_weights=None, device=args.device, resolution=args.resolution)
     start = time.perf_counter()
-    model.train(dataset_dir=str(dataset), output_dir=str(output), epochs=args.epochs, batch_size=args.batch_size,
-                num_workers=args.workers, use_ema=args.ema, seed=seed, tensorboard=False, progress_bar=None)
+    settings = dict(dataset_dir=str(dataset), output_dir=str(output), epochs=args.epochs, batch_size=args.batch_size,
+                    num_workers=args.workers, use_ema=args.ema, seed=seed, tensorboard=False, progress_bar=None)
+    model.train(**{**settings, **json.loads(args.train_kwargs)})
     seconds = time.perf_counter() - start
     with open(output / "metrics.csv", newline="") as stream:
         maps = [float(r["val/mAP_50"]) for r in csv.DictReader(stream) if r.get("val/mAP_50")]
@@ -91,7 +95,7 @@ def reference_run(args: argparse.Namespace, dataset: Path, output: Path, seed: i
                "--output", str(output), "--resolution", str(args.resolution), "--batch-size",
                str(args.batch_size), "--epochs", str(args.epochs), "--threads", str(args.threads),
                "--workers", str(args.workers), "--seed", str(seed), "--ema" if args.ema else "--no-ema",
-               "--device", args.device]
+               "--device", args.device, "--train-kwargs", args.train_kwargs]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode:
         sys.stderr.write(result.stderr[-4000:])
@@ -128,7 +132,8 @@ def report(args: argparse.Namespace, ours: list[dict], theirs: list[dict], rate:
     mine = summarise(ours)
     result = {"epochs": args.epochs, "train_images": args.train_images, "valid_images": args.valid_images,
               "resolution": args.resolution, "batch_size": args.batch_size, "threads": args.threads,
-              "workers": args.workers, "ema": args.ema, "seeds": mine["seeds"], "steps": steps,
+              "workers": args.workers, "ema": args.ema, "train_kwargs": json.loads(args.train_kwargs),
+              "seeds": mine["seeds"], "steps": steps,
               "detrkit": mine, "detrkit_seconds": mine["mean_seconds"], "detrkit_map_50": mine["mean_map_50"]}
     gflop = ours[0].get("step_gflop")
     if gflop is not None:

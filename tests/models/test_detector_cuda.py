@@ -37,8 +37,9 @@ def outputs_and_grads(model: torch.nn.Module, pixels: torch.Tensor) -> tuple[dic
     total.backward()
     values = {"logits": out.pred_logits, "boxes": out.pred_boxes, "enc_logits": out.enc_outputs.pred_logits,
               "enc_boxes": out.enc_outputs.pred_boxes}
-    grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
-    return {k: v.detach().cpu() for k, v in values.items()}, {k: v.cpu() for k, v in grads.items()}
+    # copies: moving the module later moves its .grad tensors in place
+    grads = {name: p.grad.to("cpu", copy=True) for name, p in model.named_parameters() if p.grad is not None}
+    return {k: v.detach().to("cpu", copy=True) for k, v in values.items()}, grads
 
 
 def test_tiny_training_step_matches_cpu(tiny_kwargs):
