@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu_session.sh OUT_DIR ["0 1 2 3 4 5"] [NAME='{"train": "kwargs"}' ...]
 #
 # Each NAME=JSON pair is one setting, trained by both packages for every seed (default: one
-# setting, default={}); CHECKS=0 skips the tests and the demo. Runs in the repository root of a
+# setting, default={}); NAME@ARM=JSON trains detrkit through `benchmarks/learning_arms.py ARM`
+# (with rfdetr importable) beside the plain reference. CHECKS=0 skips the tests and the demo. Runs in the repository root of a
 # machine whose python3 has torch with CUDA. Packages that machine lacks come as wheels:
 # .whl/*.whl for detrkit, .whl/ref/*.whl for the reference (rfdetr and the versions it pins).
 # Writes to OUT_DIR: env.txt, gpu_tests.log, demo.log, learning.json, learning.log.
@@ -36,10 +37,12 @@ from detrkit.datasets.synthetic import make_synthetic_dataset
 make_synthetic_dataset('$data', num_train=200, num_valid=50, seed=0)"
 for setting in "${settings[@]}"; do
   name=${setting%%=*} kwargs=${setting#*=}
+  runner=(benchmarks/train_epoch.py) path=$ours
+  if [[ $name == *@* ]]; then runner=(benchmarks/learning_arms.py "${name#*@}") path="$here/src:$theirs"; fi
   runs=/tmp/runs/$name
   mkdir -p "$runs"
   for seed in $seeds; do
-    PYTHONPATH=$ours timeout 420 python3 benchmarks/train_epoch.py --device cuda --dataset $data --epochs 2 \
+    PYTHONPATH=$path timeout 420 python3 "${runner[@]}" --device cuda --dataset $data --epochs 2 \
         --train-images 200 --valid-images 50 --seeds "$seed" --train-kwargs "$kwargs" \
         --out "$runs/detrkit-$seed.json" > "$runs/detrkit-$seed.log" 2>&1 &
     PYTHONPATH=$theirs timeout 420 python3 benchmarks/reference_train_epoch.py --device cuda --dataset $data \

@@ -9,6 +9,11 @@ Arms:
                        the same decoded images; needs `rfdetr` importable. Set beside the
                        reference run with augmentation_backend="torchvision", it tells a difference
                        in the per-sample pipeline from one in the model, losses or loop.
+  reference-loader     detrkit's model, losses and loop train on the reference's own training
+                       DataLoader (its data set, transforms, sampler and collate; detrkit's
+                       per-batch multi-scale resize still applies); needs `rfdetr` importable.
+                       Beside the plain reference run it tells the data pipeline as a whole
+                       from everything after it.
   baseline             no change (the same process set-up, for a fair side-by-side).
 """
 
@@ -50,6 +55,42 @@ class ReferenceTransform:
                         "labels": target["labels"], "area": target["area"]}
 
 
+class ReferenceBatches:
+    """The reference's training DataLoader, its batches turned into detrkit Batches."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        from detrkit.structures import Batch, Target
+
+        for samples, targets in self.loader:
+            padding = samples.mask if samples.mask is not None and bool(samples.mask.any()) else None
+            yield Batch(samples.tensors, padding, [
+                Target(boxes=t["boxes"], labels=t["labels"], image_id=int(t["image_id"]),
+                       orig_size=tuple(int(v) for v in t["orig_size"]), size=tuple(int(v) for v in t["size"]),
+                       area=t.get("area")) for t in targets])
+
+
+def reference_train_loader(datamodule) -> ReferenceBatches:
+    """Build the reference's data module from the same settings and return its training loader."""
+    from rfdetr.config import RFDETRNanoConfig, TrainConfig
+    from rfdetr.training.module_data import RFDETRDataModule
+
+    ours = datamodule.train_config
+    model_config = RFDETRNanoConfig(pretrain_weights=None, resolution=datamodule.model_config.resolution,
+                                    num_classes=len(datamodule.class_names))
+    train_config = TrainConfig(dataset_dir=ours.dataset_dir, output_dir=ours.output_dir, batch_size=ours.batch_size,
+                               num_workers=ours.num_workers, seed=ours.seed, multi_scale=ours.multi_scale != "off",
+                               expanded_scales=ours.expanded_scales, epochs=ours.epochs)
+    reference = RFDETRDataModule(model_config, train_config)
+    reference.setup("fit")
+    return ReferenceBatches(reference.train_dataloader())
+
+
 def apply(arm: str) -> None:
     if arm == "baseline":
         return
@@ -58,6 +99,11 @@ def apply(arm: str) -> None:
 
         TorchvisionAugmentation.train_transform = (
             lambda self, scales, square, scale_jitter: ReferenceTransform(list(scales), scale_jitter))
+        return
+    if arm == "reference-loader":
+        from detrkit.training.datamodule import RFDETRDataModule
+
+        RFDETRDataModule.train_dataloader = reference_train_loader
         return
     raise SystemExit(f"unknown arm {arm!r}; see --help")
 
