@@ -91,28 +91,31 @@ def reference_train_loader(datamodule) -> ReferenceBatches:
     return ReferenceBatches(reference.train_dataloader())
 
 
-def apply(arm: str) -> None:
-    if arm == "baseline":
-        return
-    if arm == "reference-transform":
-        from detrkit.datasets.augmentation import TorchvisionAugmentation
+def use_reference_transform() -> None:
+    from detrkit.datasets.augmentation import TorchvisionAugmentation
 
-        TorchvisionAugmentation.train_transform = (
-            lambda self, scales, square, scale_jitter: ReferenceTransform(list(scales), scale_jitter))
-        return
-    if arm == "reference-loader":
-        from detrkit.training.datamodule import RFDETRDataModule
+    TorchvisionAugmentation.train_transform = (
+        lambda self, scales, square, scale_jitter: ReferenceTransform(list(scales), scale_jitter))
 
-        RFDETRDataModule.train_dataloader = reference_train_loader
-        return
-    raise SystemExit(f"unknown arm {arm!r}; see --help")
+
+def use_reference_loader() -> None:
+    from detrkit.training.datamodule import RFDETRDataModule
+
+    RFDETRDataModule.train_dataloader = reference_train_loader
+
+
+ARMS = {"baseline": lambda: None, "reference-transform": use_reference_transform,
+        "reference-loader": use_reference_loader}
 
 
 def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
         raise SystemExit(0)
-    apply(sys.argv.pop(1))
+    arm = sys.argv.pop(1)
+    if arm not in ARMS:
+        raise SystemExit(f"unknown arm {arm!r}: one of {', '.join(ARMS)}")
+    ARMS[arm]()
     script = Path(__file__).with_name("train_epoch.py")
     sys.argv[0] = str(script)
     runpy.run_path(str(script), run_name="__main__")
