@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Static side-by-side checks of detrkit against the reference, for hunting a learning difference.
+
+    PYTHONPATH=src REF/bin/python benchmarks/parity_checks.py [--out result.json]
+
+Runs with the reference's interpreter (rfdetr importable) and prints JSON with:
+  init          state-dict tensors of freshly built Nano models whose mean or spread differ by more
+                than four times what two draws of one distribution would (names and shapes must match)
+  param_groups  parameters whose (lr, weight_decay) differ between the two optimisers' groups
+  pipeline      per-sample training transforms on the same 200 images: mean pixel spread, boxes per
+                image, box size, empty samples, for both branches and for the resize branch alone
+  alignment     box edges against the edges of a white rectangle after the transform (pixels)
+  first_loss    detrkit's criterion on an untrained model, over each side's own training batches
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from torchvision import tv_tensors
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import learning_arms  # noqa: E402  (the reference-side adapters)
+
+
+def quiet_build(factory, **kwargs):
+    real, sys.stdout = sys.stdout, sys.stderr
+    try:
+        torch.manual_seed(0)
+        return factory(**kwargs)
+    finally:
+        sys.stdout = real
+
+
+def init_differences(ours: dict, theirs: dict) -> list[str]:
+    if ours.keys() != theirs.keys():
+        return [f"keys differ: {sorted(set(ours) ^ set(theirs))[:10]}"]
+    found = []
+    for name in sorted(ours):
+        a, b = ours[name].float(), theirs[name].float()
+        if a.shape != b.shape:
+            found.append(f"{name}: shape {tuple(a.shape)} vs {tuple(b.shape)}")
+        elif a.numel() > 1:
+            # two independent draws of one distribution differ by about spread * sqrt(2 / n) in
+            # the mean and spread * sqrt(1 / n) in the spread: flag what lies 4 such units apart
+            spread, unit = max(a.std().item(), b.std().item(), 1e-6), a.numel() ** -0.5
+            if (abs(a.mean().item() - b.mean().item()) > 4 * spread * unit * 2**0.5 + 1e-6
+                    or abs(a.std().item() - b.std().item()) > 4 * spread * unit + 1e-6):
+                found.append(f"{name}: mean {a.mean().item():+.3g}/{b.mean().item():+.3g} std {a.std().item():.3g}/{b.std().item():.3g}")
+    return found
+
+
+def group_differences(ours_model, reference, reference_config) -> dict:
+    import types
+
+    from rfdetr.training.param_groups import get_param_dict
+
+    from detrkit.config import TrainConfig
+    from detrkit.training.optim import parameter_groups
+
+    train, module = reference_config, reference.model.model
+    namespace = types.SimpleNamespace(**train.model_dump(), out_feature_indexes=reference.model_config.out_feature_indexes)
+    names = {id(p): n for n, p in module.named_parameters()}
+    theirs = {names[id(p)]: (g.get("lr", train.lr), g.get("weight_decay", train.weight_decay))
+              for g in get_param_dict(namespace, module) for p in g["params"]}
+    config = TrainConfig(dataset_dir=".")
+    groups = parameter_groups(ours_model.model.named_parameters(), lr=config.lr, lr_encoder=config.lr_encoder,
+                              weight_decay=config.weight_decay, layer_decay=config.lr_vit_layer_decay,
+                              component_decay=config.lr_component_decay,
+                              num_encoder_layers=ours_model.model_config.out_feature_indexes[-1] + 1)
+    names = {id(p): n for n, p in ours_model.model.named_parameters()}
+    ours = {names[id(p)]: (g["lr"], g["weight_decay"]) for g in groups for p in g["params"]}
+    shared = set(ours) & set(theirs)
+    return {"compared": len(shared), "only_reference": sorted(set(theirs) - shared),
+            "only_detrkit": sorted(set(ours) - shared),
+            "differ": [f"{n}: {ours[n]} vs {theirs[n]}" for n in sorted(shared) if ours[n] != theirs[n]]}
+
+
+def pipeline_statistics(root: Path, transform, repeats: int = 2) -> dict:
+    from detrkit.datasets.coco import CocoDetection
+
+    torch.manual_seed(0)
+    random.seed(0)
+    data = CocoDetection(root / "train" / "_annotations.coco.json", root / "train", transform)
+    spreads, boxes, widths, heights, empty = [], 0, [], [], 0
+    for _ in range(repeats):
+        for index in range(len(data)):
+            pixels, target = data[index]
+            spreads.append(pixels.std().item())
+            boxes += len(target.boxes)
+            empty += len(target.boxes) == 0
+            widths += target.boxes[:, 2].tolist()
+            heights += target.boxes[:, 3].tolist()
+    count = len(spreads)
+    return {"samples": count, "pixel_std": round(statistics.mean(spreads), 4), "boxes_per_image": round(boxes / count, 3),
+            "empty": empty, "box_w": round(statistics.mean(widths), 4), "box_h": round(statistics.mean(heights), 4)}
+
+
+def alignment_error(transform, samples: int = 300) -> dict:
+    """Signed and absolute error of (x0, y0, x1, y1) against the rectangle's visible edges."""
+    from detrkit.datasets.images import IMAGENET_MEAN, IMAGENET_STD
+
+    mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    draw = random.Random(0)
+    torch.manual_seed(0)
+    errors = []
+    for _ in range(samples):
+        x0, y0 = draw.randint(20, 150), draw.randint(20, 110)
+        x1, y1 = x0 + draw.randint(30, 120), y0 + draw.randint(30, 100)
+        image = torch.zeros(3, 240, 320, dtype=torch.uint8)
+        image[:, y0:y1, x0:x1] = 255
+        box = tv_tensors.BoundingBoxes(torch.tensor([[x0, y0, x1, y1]], dtype=torch.float32), format="XYXY",
+                                       canvas_size=(240, 320))
+        pixels, out = transform(tv_tensors.Image(image), {"boxes": box, "labels": torch.tensor([1]),
+                                                           "area": torch.tensor([float((x1 - x0) * (y1 - y0))])})
+        boxes = out["boxes"].as_subclass(torch.Tensor)
+        bright = (pixels * std + mean).mean(0) > 0.5
+        if len(boxes) == 0 or not bright.any():
+            continue
+        ys, xs = torch.nonzero(bright, as_tuple=True)
+        seen = torch.tensor([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], dtype=torch.float32)
+        errors.append(boxes[0] - seen)
+    stacked = torch.stack(errors)
+    return {"samples": len(errors), "signed": stacked.mean(0).round(decimals=3).tolist(),
+            "absolute": stacked.abs().mean(0).round(decimals=3).tolist()}
+
+
+def first_losses(model, train_config, loader, scales: list[int], batches: int) -> dict:
+    from detrkit.datasets.transforms import batch_scale, resize_batch
+    from detrkit.losses.criterion import build_criterion
+
+    criterion = build_criterion(model.model_config, train_config)
+    detector = model.model.train()
+    totals = []
+    for step, batch in enumerate(loader):
+        if step == batches:
+            break
+        batch = resize_batch(batch, batch_scale(step, scales))  # the step's multi-scale side, as in training
+        with torch.no_grad():
+            totals.append(float(criterion(detector(batch.pixels, batch.padding), batch.targets,
+                                          groups=detector.groups).total))
+    return {"batches": len(totals), "mean": round(statistics.mean(totals), 4),
+            "standard_error": round(statistics.stdev(totals) / len(totals) ** 0.5, 4)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, default=25)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(2)
+    from rfdetr import RFDETRNano as Reference
+    from rfdetr.config import TrainConfig as ReferenceTrainConfig
+
+    from detrkit import RFDETRNano
+    from detrkit.config import TrainConfig
+    from detrkit.datasets.synthetic import make_synthetic_dataset
+    from detrkit.datasets.transforms import build_train_transform, multi_scale_sizes
+    from detrkit.training.datamodule import RFDETRDataModule
+
+    reference = quiet_build(Reference, pretrain_weights=None, device="cpu", resolution=320, num_classes=3)
+    ours = quiet_build(RFDETRNano, pretrain_weights=None, device="cpu", resolution=320, num_classes=3)
+    result = {"init": init_differences(ours.model.state_dict(), reference.model.model.state_dict()),
+              "param_groups": group_differences(ours, reference, ReferenceTrainConfig(dataset_dir="."))}
+    root = Path(os.environ.get("TMPDIR", "/tmp")) / "detrkit-parity"
+    data = make_synthetic_dataset(root / "data", num_train=200, num_valid=50, seed=0)
+    largest = [max(multi_scale_sizes(320, 32, True))]
+    result["pipeline"] = {
+        f"{side}_{branch}": pipeline_statistics(data, make(largest, jitter))
+        for branch, jitter in (("both_branches", True), ("resize_only", False))
+        for side, make in (("detrkit", lambda s, j: build_train_transform(s, True, j)),
+                           ("reference", learning_arms.ReferenceTransform))}
+    result["alignment"] = {"detrkit": alignment_error(build_train_transform(largest, True, True)),
+                           "reference": alignment_error(learning_arms.ReferenceTransform(largest, True))}
+    config = TrainConfig(dataset_dir=str(data), output_dir=str(root / "out"), batch_size=4, num_workers=2, seed=0)
+    datamodule = RFDETRDataModule(ours.model_config, config)
+    datamodule.setup("fit")
+    scales = multi_scale_sizes(320, 32, True)
+    result["first_loss"] = {
+        "detrkit_batches": first_losses(ours, config, datamodule.train_dataloader(), scales, args.batches),
+        "reference_batches": first_losses(ours, config, learning_arms.reference_train_loader(datamodule), scales,
+                                          args.batches)}
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
