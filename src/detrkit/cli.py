@@ -50,19 +50,30 @@ def _add_train_parser(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--weights", help="starting checkpoint (default: published COCO weights); "
                        "'none' trains from scratch")
     train.add_argument("--epochs", type=int, default=100)
-    train.add_argument("--batch-size", type=int, default=4)
+    train.add_argument("--batch-size", type=_batch_size, default=4,
+                       help="images per step and device, or 'auto': the largest that fits on the GPU")
     train.add_argument("--grad-accum-steps", type=int, default=1)
     train.add_argument("--lr", type=float, default=1e-4)
     train.add_argument("--resolution", type=int, help="training resolution (default: the model's)")
     train.add_argument("--output", default="output", help="output folder (default ./output)")
     train.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    train.add_argument("--num-workers", type=int, default=2)
+    train.add_argument("--num-workers", type=int,
+                       help="data loader workers (default: 2, or on CUDA one per CPU core up to 8)")
     train.add_argument("--resume", help="continue from a checkpoint: OUTPUT/last.ckpt (or 'last') restores "
                        "everything; a .pth file restores weights and callback states only")
     train.add_argument("--early-stopping", action="store_true",
                        help="stop when validation mAP stops improving (patience 10 epochs)")
     train.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                        help="any other TrainConfig field, e.g. --set multi_scale=off")
+
+
+def _batch_size(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,11 @@ _ARCHITECTURE_FIELDS = (
 )
 
 
+# What the training precision is asked to be (spec 12.7); resolved per device by training.accel.precision
+AmpDtype = Literal["auto", "bf16", "fp16", "fp32", "fp8"]
+InferenceDtype = Literal["fp32", "fp16", "bf16"]
+
+
 class PretrainWeightsCompatibilityWarning(UserWarning):
     """The configured model differs from what its published weights were trained as."""
 
@@ -68,7 +73,7 @@ class ModelConfig(_Strict):
     bbox_reparam: bool = True
     lite_refpoint_refine: bool = True
     layer_norm: bool = True
-    amp: bool = True
+    amp: bool = True  # deprecated: False means fp32 training when TrainConfig.amp_dtype is left at "auto"
     num_channels: int = Field(3, ge=1)
     num_classes: int = Field(90, ge=1)
     pretrain_weights: str | None = None
@@ -79,6 +84,7 @@ class ModelConfig(_Strict):
     compile: bool = False
     cuda_graphs: bool = False
     fused_optimizer: bool = True
+    inference_dtype: InferenceDtype = "fp32"  # predict() on CUDA: "fp16"/"bf16" run under autocast
     positional_encoding_size: int = Field(24, ge=1)
     ia_bce_loss: bool = True
     segmentation_head: bool = False
@@ -208,8 +214,11 @@ class TrainConfig(_Strict):
     dataset_file: DatasetFormat | None = None  # None: detected from the folder layout
     class_names: list[str] | None = None
     epochs: int = Field(100, ge=1)
-    batch_size: int = Field(4, ge=1)
+    batch_size: int | Literal["auto"] = 4  # "auto": the largest that fits on the GPU (spec 16.5)
     grad_accum_steps: int = Field(1, ge=1)
+    auto_batch_target_effective: int = Field(16, ge=1)  # batch_size="auto": images per optimizer step
+    auto_batch_max_targets_per_image: int = Field(100, ge=1)  # boxes per image in the memory probe
+    auto_batch_ema_headroom: float = Field(0.7, gt=0, le=1)  # probed batch scaled by this when use_ema
     eval_batch_size: int | None = Field(None, ge=1)
     lr: float = Field(1e-4, gt=0)
     lr_encoder: float = Field(1.5e-4, gt=0)
@@ -231,7 +240,7 @@ class TrainConfig(_Strict):
     mosaic: float = Field(0.0, ge=0, le=1)  # probability that a training sample is a 2x2 mosaic
     mixup: float = Field(0.0, ge=0, le=1)  # probability that a training sample is blended with another
     close_mosaic_epochs: int = Field(0, ge=0)  # the last epochs train without mosaic and mixup
-    num_workers: int = Field(2, ge=0)
+    num_workers: int | None = Field(None, ge=0)  # None: 2, or on CUDA one per CPU core up to 8
     pin_memory: bool | None = None
     persistent_workers: bool | None = None
     prefetch_factor: int | None = Field(None, ge=1)
@@ -268,6 +277,7 @@ class TrainConfig(_Strict):
     sync_bn: bool = False
     num_nodes: int = Field(1, ge=1)
     device: str | None = None  # overrides the model's device for training
+    amp_dtype: AmpDtype = "auto"  # None means "fp32"; an unknown name warns and means "auto"
     num_sanity_val_steps: int = Field(0, ge=0)
 
     @field_validator("multi_scale", mode="before")
@@ -278,6 +288,24 @@ class TrainConfig(_Strict):
         if value is False:
             return "off"
         return value
+
+    @field_validator("batch_size", mode="before")
+    @classmethod
+    def _batch_size(cls, value: object) -> object:
+        if isinstance(value, bool) or (isinstance(value, int) and value < 1):
+            raise ValueError(f"batch_size must be a positive integer or 'auto', got {value!r}")
+        return value
+
+    @field_validator("amp_dtype", mode="before")
+    @classmethod
+    def _amp_dtype(cls, value: object) -> object:
+        if value is None:
+            return "fp32"
+        known = AmpDtype.__args__
+        if isinstance(value, str) and value.strip().lower() in known:
+            return value.strip().lower()
+        warnings.warn(f"amp_dtype={value!r} is not one of {list(known)}; using 'auto'", UserWarning, stacklevel=2)
+        return "auto"
 
     @field_validator("augmentation_backend", mode="before")
     @classmethod
@@ -320,4 +348,7 @@ class TrainConfig(_Strict):
     def _ema_settings(self) -> TrainConfig:
         if self.early_stopping_use_ema and not self.use_ema:
             raise ValueError("early_stopping_use_ema=True needs use_ema=True")
+        if self.amp_dtype == "fp8" and self.batch_size == "auto":
+            raise ValueError("amp_dtype='fp8' needs an explicit integer batch_size: the batch_size='auto' probe "
+                             "does not exercise FP8 layers")
         return self

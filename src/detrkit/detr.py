@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     import supervision as sv
 
 logger = logging.getLogger(__name__)
+
+_INFERENCE_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class RFDETR:
@@ -65,11 +68,17 @@ class RFDETR:
         sizes = torch.tensor([t.shape[-2:] for t in tensors])
         with torch.inference_mode():
             self.model.eval()
-            outputs = self.model(self._preparer(shape)(tensors))
-            results = top_detections(outputs.pred_logits, outputs.pred_boxes, sizes.to(self.device),
+            with self._inference_autocast():
+                outputs = self.model(self._preparer(shape)(tensors))
+            results = top_detections(outputs.pred_logits.float(), outputs.pred_boxes.float(), sizes.to(self.device),
                                      self.model_config.num_select)
         detections = [self._to_detections(r, threshold, tuple(s.tolist())) for r, s in zip(results, sizes)]
         return detections[0] if single else detections
+
+    def _inference_autocast(self) -> torch.autocast:
+        """Autocast to the config's inference_dtype ("fp32": off); scores and boxes leave in fp32."""
+        dtype = _INFERENCE_DTYPES[self.model_config.inference_dtype]
+        return torch.autocast(self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
     def _preparer(self, shape: tuple[int, int] | None) -> BatchPreparer:
         size = tuple(shape) if shape else (self.model_config.resolution,) * 2
@@ -119,6 +128,16 @@ class RFDETR:
         from detrkit.training.trainer import split_train_kwargs
 
         train_config, trainer_kwargs = split_train_kwargs(kwargs)
+        if not self.model_config.amp and "amp_dtype" not in train_config.model_fields_set:
+            warnings.warn("amp=False on the model is deprecated: pass amp_dtype='fp32' to train(); training "
+                          "in fp32", FutureWarning, stacklevel=2)
+            train_config = train_config.model_copy(update={"amp_dtype": "fp32"})
+        if train_config.batch_size == "auto":  # probed on the training device, before any data is read
+            from detrkit.training.auto_batch import probe_device, process_count, resolve_auto_batch
+
+            self.model.to(probe_device(train_config, self.device))
+            train_config = resolve_auto_batch(self.model, self.model_config, train_config,
+                                              process_count(train_config.devices, train_config.num_nodes))
         datamodule = RFDETRDataModule(self.model_config, train_config)
         self._fit_classes(datamodule.class_names)
         resume = (open_resume_point(train_config.resume, train_config.output_dir, self.model)

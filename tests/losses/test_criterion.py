@@ -124,3 +124,28 @@ def test_only_the_matcher_moves_to_the_host():
     package = Path(criterion_module.__file__).parent
     syncing = {path.name for path in package.glob("*.py") if re.search(r"\.(item|cpu|tolist|numpy)\(", path.read_text())}
     assert syncing == {"matcher.py"}
+
+
+def cast_outputs(outputs, dtype):
+    """A detached copy of every output layer in `dtype`."""
+    copy = lambda o: DetectorOutput(o.pred_logits.detach().to(dtype), o.pred_boxes.detach().to(dtype))  # noqa: E731
+    cast = copy(outputs)
+    cast.aux_outputs, cast.enc_outputs = [copy(o) for o in outputs.aux_outputs], copy(outputs.enc_outputs)
+    return cast
+
+
+@pytest.mark.parametrize("seed", [0, 2, 3])  # seeds whose assignment bf16 rounding leaves unchanged
+def test_bf16_outputs_are_scored_in_fp32(seed):
+    """Under bf16 autocast the heads emit bf16: the criterion upcasts, so its terms are float32 and
+    exactly those of the same values in fp32, within 0.5% of the unrounded outputs' terms."""
+    outputs, targets = make_case(seed)
+    targets = [Target(t.boxes.float(), t.labels, t.image_id, t.orig_size, t.size) for t in targets]
+    criterion = SetCriterion(HungarianMatcher())
+    half = criterion(cast_outputs(outputs, torch.bfloat16), targets, GROUPS)
+    upcast = criterion(cast_outputs(cast_outputs(outputs, torch.bfloat16), torch.float32), targets, GROUPS)
+    full = criterion(cast_outputs(outputs, torch.float32), targets, GROUPS)
+    values = [half.total, half.class_error, half.cardinality_error, *half.terms.values()]
+    assert all(value.dtype == torch.float32 for value in values)
+    for name, value in half.terms.items():
+        assert torch.equal(value, upcast.terms[name]), name
+        torch.testing.assert_close(value, full.terms[name], rtol=5e-3, atol=0, msg=name)

@@ -70,3 +70,35 @@ def test_non_square_input_runs_with_resized_positions(detector):
         out = detector.eval()(torch.randn(1, 3, 64, 128))
     assert out.pred_logits.shape == (1, 12, 6)
     assert torch.isfinite(out.pred_boxes).all()
+
+
+def test_gradient_checkpointing_from_the_constructor_keeps_every_gradient(tiny_kwargs):
+    """RFDETRNano(gradient_checkpointing=True) recomputes the ViT blocks in backward: the same loss
+    and gradients (to 1e-6 in fp32), drop path included (its random draws are replayed)."""
+    from detrkit import RFDETRNano
+    from detrkit.losses.criterion import build_criterion
+    from detrkit.config import TrainConfig
+    from detrkit.structures import Target
+
+    torch.manual_seed(0)
+    plain = RFDETRNano(**tiny_kwargs)
+    checkpointed = RFDETRNano(**tiny_kwargs, gradient_checkpointing=True)
+    checkpointed.model.load_state_dict(plain.model.state_dict())
+    assert checkpointed.model.backbone[0].encoder.encoder.gradient_checkpointing
+    criterion = build_criterion(plain.model_config, TrainConfig(dataset_dir=None))
+    pixels = torch.randn(2, 3, 64, 64)
+    targets = [Target(torch.tensor([[0.4, 0.5, 0.3, 0.2]]), torch.tensor([2]), 0, (64, 64), (64, 64))] * 2
+    results = []
+    for model in (plain.model, checkpointed.model):
+        model.train()
+        for block in model.backbone[0].encoder.encoder.encoder.layer:
+            block.drop_path.drop_prob = 0.2  # stochastic depth on, so the replayed random state matters
+        torch.manual_seed(1)
+        loss = criterion(model(pixels), targets, groups=model.groups).total
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    torch.testing.assert_close(loss_b, loss_a, atol=1e-6, rtol=0)
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) > 100
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grads_b[name], grad, atol=1e-6, rtol=0, msg=name)

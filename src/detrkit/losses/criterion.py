@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from detrkit.config import ModelConfig, TrainConfig
-from detrkit.losses.matcher import HungarianMatcher
+from detrkit.losses.matcher import HungarianMatcher, Matches, at_least_fp32, host_to_device
 from detrkit.losses.terms import giou_box_loss, ia_bce_loss, l1_box_loss
 from detrkit.ops.boxes import cxcywh_to_xyxy, elementwise_box_iou
 from detrkit.structures import DetectorOutput, Target
@@ -25,30 +25,13 @@ class LossOutput:
     cardinality_error: torch.Tensor
 
 
-@dataclass
-class Matches:
-    """Matched pairs of one layer, flat: query (M,) = image * Q + query, target (M,) into all targets."""
-
-    query: torch.Tensor
-    target: torch.Tensor
-
-
 def num_boxes_normaliser(targets: list[Target], groups: int, device: torch.device) -> torch.Tensor:
-    """Σ #GT × groups, averaged over ranks, at least 1 (spec 7.2); a tensor, so no host sync."""
-    count = torch.tensor(float(sum(len(t.labels) for t in targets) * groups), device=device)
+    """Σ #GT × groups, averaged over ranks, at least 1 (spec 7.2); filled on the device, so no host sync."""
+    count = torch.full((), float(sum(len(t.labels) for t in targets) * groups), device=device)
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(count)
         count = count / dist.get_world_size()
     return count.clamp(min=1)
-
-
-def flatten_matches(matches: list[tuple[torch.Tensor, torch.Tensor]], sizes: list[int], queries: int,
-                    device: torch.device) -> Matches:
-    """Per-image (query, target) index pairs -> flat indices into B*Q queries and all targets."""
-    starts = torch.tensor([0, *sizes[:-1]]).cumsum(0)
-    query = torch.cat([q + i * queries for i, (q, _) in enumerate(matches)])
-    target = torch.cat([t + starts[i] for i, (_, t) in enumerate(matches)])
-    return Matches(query.to(device, non_blocking=True), target.to(device, non_blocking=True))
 
 
 class SetCriterion:
@@ -61,34 +44,32 @@ class SetCriterion:
         self.focal_alpha = focal_alpha
 
     def __call__(self, outputs: DetectorOutput, targets: list[Target], groups: int) -> LossOutput:
-        """groups: query groups G in training, 1 in evaluation (Q // num_queries)."""
+        """groups: query groups G in training, 1 in evaluation (Q // num_queries). Computes in fp32
+        (or fp64) whatever the outputs' dtype."""
+        layers = [(suffix, at_least_fp32(layer.pred_logits), at_least_fp32(layer.pred_boxes))
+                  for suffix, layer in _layers(outputs)]
         num_boxes = num_boxes_normaliser(targets, groups, outputs.pred_logits.device)
         labels = torch.cat([t.labels for t in targets])
-        boxes = torch.cat([t.boxes for t in targets])
-        matches = {suffix: self.match(layer, targets, groups) for suffix, layer in _layers(outputs)}
+        boxes = torch.cat([t.boxes for t in targets]).to(layers[0][2].dtype)
+        matches = self.matcher.match_layers([(logits, pred) for _, logits, pred in layers], targets, groups)
         terms, total = {}, 0
-        for suffix, layer in _layers(outputs):
-            for name, term in self.layer_terms(layer, matches[suffix], labels, boxes, num_boxes).items():
+        for (suffix, logits, pred), layer_matches in zip(layers, matches):
+            for name, term in self.layer_terms(logits, pred, layer_matches, labels, boxes, num_boxes).items():
                 terms[name + suffix] = term
                 total = total + self.weights[name] * term
-        errors = logging_errors(outputs, matches[""], labels, [len(t.labels) for t in targets])
+        errors = logging_errors(layers[0][1], matches[0], labels, [len(t.labels) for t in targets])
         return LossOutput(total, terms, *errors)
 
-    def match(self, layer: DetectorOutput, targets: list[Target], groups: int) -> Matches:
-        matches = self.matcher(layer.pred_logits, layer.pred_boxes, targets, groups)
-        sizes = [len(t.labels) for t in targets]
-        return flatten_matches(matches, sizes, layer.pred_logits.shape[1], layer.pred_logits.device)
-
-    def layer_terms(self, layer: DetectorOutput, matches: Matches, labels: torch.Tensor, boxes: torch.Tensor,
-                    num_boxes: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Unweighted loss_ce, loss_bbox, loss_giou of one output layer."""
-        pred_boxes = layer.pred_boxes.flatten(0, 1)[matches.query]  # (M, 4)
+    def layer_terms(self, logits: torch.Tensor, pred_boxes: torch.Tensor, matches: Matches, labels: torch.Tensor,
+                    boxes: torch.Tensor, num_boxes: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Unweighted loss_ce, loss_bbox, loss_giou of one output layer: logits (B, Q, C), pred_boxes (B, Q, 4)."""
+        matched_boxes = pred_boxes.flatten(0, 1)[matches.query]  # (M, 4)
         target_boxes, target_labels = boxes[matches.target], labels[matches.target]
-        iou = elementwise_box_iou(cxcywh_to_xyxy(pred_boxes.detach()), cxcywh_to_xyxy(target_boxes))
+        iou = elementwise_box_iou(cxcywh_to_xyxy(matched_boxes.detach()), cxcywh_to_xyxy(target_boxes))
         return {
-            "loss_ce": ia_bce_loss(layer.pred_logits, matches.query, target_labels, iou, num_boxes, self.focal_alpha),
-            "loss_bbox": l1_box_loss(pred_boxes, target_boxes, num_boxes),
-            "loss_giou": giou_box_loss(pred_boxes, target_boxes, num_boxes),
+            "loss_ce": ia_bce_loss(logits, matches.query, target_labels, iou, num_boxes, self.focal_alpha),
+            "loss_bbox": l1_box_loss(matched_boxes, target_boxes, num_boxes),
+            "loss_giou": giou_box_loss(matched_boxes, target_boxes, num_boxes),
         }
 
 
@@ -99,15 +80,14 @@ def _layers(outputs: DetectorOutput) -> list[tuple[str, DetectorOutput]]:
 
 
 @torch.no_grad()
-def logging_errors(outputs: DetectorOutput, matches: Matches, labels: torch.Tensor,
+def logging_errors(logits: torch.Tensor, matches: Matches, labels: torch.Tensor,
                    sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """class_error: 100 − top-1 accuracy (%) of matched queries; cardinality_error: mean over images
-    of |#queries with max σ > 0.5 − #GT|."""
-    logits = outputs.pred_logits
+    of |#queries with max σ > 0.5 − #GT|; logits (B, Q, C) of the final layer."""
     correct = logits.flatten(0, 1)[matches.query].argmax(-1) == labels[matches.target]
     class_error = 100 - 100 * correct.float().sum() / max(len(correct), 1)
     predicted = (logits.sigmoid().amax(-1) > 0.5).sum(1).float()  # (B,)
-    cardinality_error = (predicted - torch.tensor(sizes, device=logits.device)).abs().mean()
+    cardinality_error = (predicted - host_to_device(torch.tensor(sizes), logits.device)).abs().mean()
     return class_error, cardinality_error
 
 

@@ -1,75 +1,211 @@
-"""One-to-one Hungarian matching of queries to ground truth, independently per query group."""
+"""One-to-one Hungarian matching of queries to ground truth, independently per query group.
+
+All output layers of a step are matched together: their costs are computed on the device and
+handed to one solver from `SOLVERS`. "scipy" moves them to the host in one copy, assigns there
+and sends every index back in one copy; "torch_linear_assignment" (when installed) solves every
+problem of the step in one batch on the costs' device.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
-from detrkit.ops.boxes import cxcywh_to_xyxy, generalized_box_iou
+from detrkit.ops.boxes import cxcywh_to_xyxy, elementwise_generalized_box_iou
 from detrkit.structures import Target
 
 
-def focal_class_cost(logits: torch.Tensor, labels: torch.Tensor, alpha: float, gamma: float) -> torch.Tensor:
-    """Focal-loss difference between labelling a query positive and negative: (P, C), (T,) -> (P, T)."""
-    x = logits[:, labels]
-    prob = x.sigmoid()
-    positive = alpha * (1 - prob) ** gamma * -F.logsigmoid(x)
-    negative = (1 - alpha) * prob**gamma * -F.logsigmoid(-x)
+@dataclass
+class Matches:
+    """Matched pairs of one layer, flat: query (M,) = image * Q + query, target (M,) into all targets."""
+
+    query: torch.Tensor
+    target: torch.Tensor
+
+
+def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 -> fp32 (heads emit bf16 under autocast); fp32 and fp64 stay as they are."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
+def host_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor onto `device` without a stream sync: pinned first, as an asynchronous copy
+    from pageable memory may still synchronise."""
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+def focal_class_cost(logits: torch.Tensor, alpha: float, gamma: float) -> torch.Tensor:
+    """Focal-loss difference between labelling a query positive and negative, elementwise on the
+    logits of the targets' classes."""
+    prob = logits.sigmoid()
+    positive = alpha * (1 - prob) ** gamma * -F.logsigmoid(logits)
+    negative = (1 - alpha) * prob**gamma * -F.logsigmoid(-logits)
     return positive - negative
 
 
-def replace_non_finite(cost: torch.Tensor) -> torch.Tensor:
-    """Non-finite costs become max_finite + max|finite| + 1, dearer than any real match (one warning)."""
+def non_finite_to_worst(cost: torch.Tensor) -> torch.Tensor:
+    """Non-finite costs become max_finite + max|finite| + 1, dearer than any real match (0 when no
+    cost is finite); computed where the costs are, without a host sync."""
+    if not cost.numel():
+        return cost
     finite = cost.isfinite()
-    if bool(finite.all()):
+    worst = torch.where(finite, cost, -torch.inf).amax() + torch.where(finite, cost.abs(), 0).amax() + 1
+    return torch.where(finite, cost, worst.nan_to_num(neginf=0.0))
+
+
+def replace_non_finite(cost: torch.Tensor) -> torch.Tensor:
+    """non_finite_to_worst on host costs, with one warning when there is anything to replace."""
+    if bool(cost.isfinite().all()):
         return cost
     warnings.warn("the matching cost has non-finite entries; treating them as the worst match", stacklevel=3)
-    values = cost[finite]
-    worst = values.max() + values.abs().max() + 1 if values.numel() else torch.zeros((), dtype=cost.dtype)
-    return torch.where(finite, cost, worst)
+    return non_finite_to_worst(cost)
 
 
 class HungarianMatcher:
     """Matches each query group to the targets of each image at minimal focal + L1 + GIoU cost."""
 
     def __init__(self, cost_class: float = 2.0, cost_bbox: float = 5.0, cost_giou: float = 2.0,
-                 focal_alpha: float = 0.25, focal_gamma: float = 2.0) -> None:
+                 focal_alpha: float = 0.25, focal_gamma: float = 2.0, solver: str | None = None) -> None:
         self.cost_class, self.cost_bbox, self.cost_giou = cost_class, cost_bbox, cost_giou
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
+        solver = solver or DEFAULT_SOLVER
+        if solver not in SOLVERS:
+            raise ValueError(f"unknown assignment solver {solver!r}; available: {sorted(SOLVERS)} "
+                             "('torch_linear_assignment' needs `pip install torch-linear-assignment`)")
+        self.solve: Solver = SOLVERS[solver]
 
     def cost_matrix(self, logits: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor,
-                    target_boxes: torch.Tensor) -> torch.Tensor:
-        """(P, C) logits, (P, 4) cxcywh boxes against (T,) labels, (T, 4) cxcywh boxes -> (P, T)."""
-        class_cost = focal_class_cost(logits, labels, self.focal_alpha, self.focal_gamma)
-        box_cost = torch.cdist(boxes, target_boxes, p=1)
-        giou_cost = -generalized_box_iou(cxcywh_to_xyxy(boxes), cxcywh_to_xyxy(target_boxes))
+                    target_boxes: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        """Each target against the queries of its own image: logits (B, Q, C), boxes (B, Q, 4)
+        cxcywh; labels (T,), target_boxes (T, 4) cxcywh, image (T,) -> (Q, T)."""
+        logits, boxes = at_least_fp32(logits), at_least_fp32(boxes)
+        class_logits = logits[image, :, labels].T  # (Q, T)
+        pred = boxes[image].transpose(0, 1)  # (Q, T, 4)
+        target_boxes = target_boxes.to(boxes.dtype)
+        box_cost = (pred - target_boxes).abs().sum(-1)
+        giou_cost = -elementwise_generalized_box_iou(cxcywh_to_xyxy(pred), cxcywh_to_xyxy(target_boxes))
+        class_cost = focal_class_cost(class_logits, self.focal_alpha, self.focal_gamma)
         return self.cost_bbox * box_cost + self.cost_class * class_cost + self.cost_giou * giou_cost
 
     @torch.no_grad()
-    def __call__(self, logits: torch.Tensor, boxes: torch.Tensor, targets: list[Target],
-                 groups: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """logits (B, Q, C), boxes (B, Q, 4) cxcywh; per image (query indices, target indices), int64 on CPU."""
-        batch, queries, _ = logits.shape
-        if queries % groups:
-            raise ValueError(f"{queries} queries do not split into {groups} equal groups")
+    def match_layers(self, layers: list[tuple[torch.Tensor, torch.Tensor]], targets: list[Target],
+                     groups: int) -> list[Matches]:
+        """(logits (B, Q, C), boxes (B, Q, 4) cxcywh) of each output layer -> its matches on the
+        logits' device; layers may differ in Q, each splits into `groups` equal query blocks."""
+        for logits, _ in layers:
+            if logits.shape[1] % groups:
+                raise ValueError(f"{logits.shape[1]} queries do not split into {groups} equal groups")
+        sizes = [len(t.labels) for t in targets]
+        if not sum(sizes):  # nothing to assign, nothing to wait for
+            empty = torch.zeros(0, dtype=torch.int64, device=layers[0][0].device)
+            return [Matches(empty, empty) for _ in layers]
         labels = torch.cat([t.labels for t in targets])
-        target_boxes = torch.cat([t.boxes for t in targets]).float()
-        cost = self.cost_matrix(logits.flatten(0, 1).float(), boxes.flatten(0, 1).float(), labels, target_boxes)
-        # the one host sync of the training step: scipy needs the costs on the CPU
-        cost = replace_non_finite(cost.view(batch, queries, -1).cpu())  # (B, Q, T) against all targets
-        per_image = cost.split([len(t.labels) for t in targets], dim=-1)  # image i: (Q, T_i) = per_image[i][i]
-        return [assign_groups(image_cost[i], groups) for i, image_cost in enumerate(per_image)]
+        target_boxes = torch.cat([t.boxes for t in targets])
+        image = torch.cat([t.labels.new_full(t.labels.shape, i) for i, t in enumerate(targets)])  # (T,)
+        costs = [self.cost_matrix(logits, boxes, labels, target_boxes, image) for logits, boxes in layers]
+        return self.solve(costs, sizes, groups)
+
+    def __call__(self, logits: torch.Tensor, boxes: torch.Tensor, targets: list[Target], groups: int) -> Matches:
+        """One output layer: logits (B, Q, C), boxes (B, Q, 4) cxcywh -> its matches."""
+        return self.match_layers([(logits, boxes)], targets, groups)[0]
 
 
-def assign_groups(cost: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Q, T) costs of one image -> an optimal assignment within each of `groups` contiguous query blocks."""
-    block = cost.shape[0] // groups
-    query_index, target_index = [], []
-    for g in range(groups):
-        rows, cols = linear_sum_assignment(cost[g * block:(g + 1) * block].numpy())
-        query_index.append(torch.as_tensor(rows, dtype=torch.int64) + g * block)
-        target_index.append(torch.as_tensor(cols, dtype=torch.int64))
-    return torch.cat(query_index), torch.cat(target_index)
+# A solver takes each layer's (Q, T) costs, the targets per image and the query groups, and
+# returns each layer's matches on the costs' device.
+Solver = Callable[[list[torch.Tensor], list[int], int], list[Matches]]
+
+
+def scipy_solver(costs: list[torch.Tensor], sizes: list[int], groups: int) -> list[Matches]:
+    """SciPy per layer, image and group on the host: every cost goes there in one copy, every
+    index comes back in one."""
+    # the one host sync of the training step: SciPy needs the costs on the CPU
+    host = replace_non_finite(torch.cat([cost.flatten() for cost in costs]).cpu())
+    pieces: list[np.ndarray] = []  # query, target of layer 0, of layer 1, ...
+    for cost, flat in zip(costs, host.split([cost.numel() for cost in costs])):
+        pieces.extend(assign_layer(flat.view(cost.shape).numpy(), sizes, groups))
+    indices = host_to_device(torch.from_numpy(np.concatenate(pieces)), costs[0].device)
+    back = indices.split([len(piece) for piece in pieces])
+    return [Matches(back[i], back[i + 1]) for i in range(0, len(back), 2)]
+
+
+def assign_layer(cost: np.ndarray, sizes: list[int], groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """(Q, T) costs of one layer -> flat (query, target) indices of an optimal assignment within
+    each image's targets and each of `groups` contiguous query blocks."""
+    queries = cost.shape[0]
+    block = queries // groups
+    starts = np.cumsum([0, *sizes[:-1]])
+    query, target = [], []
+    for image, (start, size) in enumerate(zip(starts, sizes)):
+        for g in range(groups):
+            rows, cols = linear_sum_assignment(cost[g * block:(g + 1) * block, start:start + size])
+            query.append(rows + image * queries + g * block)
+            target.append(cols + start)
+    return np.concatenate(query), np.concatenate(target)
+
+
+def batched_solver(costs: list[torch.Tensor], sizes: list[int], groups: int) -> list[Matches]:
+    """torch_linear_assignment on the costs' device: the (image, group) problems of all layers
+    with one query block size in one batch, each image's targets padded to the most any has."""
+    from torch_linear_assignment import batch_linear_assignment
+
+    images, slots, device = len(sizes), max(sizes), costs[0].device
+    blocks = [cost.shape[0] // groups for cost in costs]
+    if min(blocks) < slots:
+        raise ValueError(f"{max(sizes)} targets in one image but only {min(blocks)} queries per group")
+    layout = host_to_device(padded_layout(sizes, groups), device)
+    column = layout[:images * slots].view(images, slots)
+    position, image, group, target = layout[images * slots:].view(4, -1)  # each (M,): real slots
+    rows: dict[int, torch.Tensor] = {}  # layer -> (B*G, slots): the query row given each slot
+    for block in sorted(set(blocks)):
+        layers = [i for i, b in enumerate(blocks) if b == block]
+        problems = torch.cat([padded_problems(costs[i], groups, column) for i in layers])
+        solved = batch_linear_assignment(non_finite_to_worst(problems))  # (N, block): slot or -1
+        rows.update(zip(layers, row_of_slot(solved, slots).split(images * groups)))
+    return [Matches(image * cost.shape[0] + group * block + rows[i].flatten()[position], target)
+            for i, (cost, block) in enumerate(zip(costs, blocks))]
+
+
+def padded_layout(sizes: list[int], groups: int) -> torch.Tensor:
+    """Host-known indices of the padded problems, in one int64 tensor: the target of each
+    (image, slot) (B*S, T for padding), then for every real (image, group, slot) its flat
+    position in (B, G, S), its image, group and target (4 x M)."""
+    count = torch.tensor(sizes)
+    start = count.cumsum(0) - count
+    image, group, slot = torch.meshgrid(torch.arange(len(sizes)), torch.arange(groups), torch.arange(max(sizes)),
+                                        indexing="ij")  # each (B, G, S)
+    real = slot < count[image]
+    target = start[image] + slot
+    column = torch.where(real, target, sum(sizes))[:, 0]  # (B, S)
+    position = torch.arange(real.numel()).view(real.shape)
+    return torch.cat([column.flatten(), *(index[real] for index in (position, image, group, target))])
+
+
+def padded_problems(cost: torch.Tensor, groups: int, column: torch.Tensor) -> torch.Tensor:
+    """(Q, T) costs of one layer -> (B*G, Q/G, S) problems; padding slots cost 0 for every
+    query, which leaves the optimal assignment of the real slots unchanged."""
+    padded = F.pad(cost, (0, 1))[:, column]  # (Q, B, S): the appended zero column pads
+    queries = cost.shape[0]
+    return padded.view(groups, queries // groups, *column.shape).permute(2, 0, 1, 3).flatten(0, 1)
+
+
+def row_of_slot(solved: torch.Tensor, slots: int) -> torch.Tensor:
+    """(N, W) slot of each row (or -1) -> (N, S) row of each slot; every slot has one when W >= S."""
+    rows = solved.new_zeros(solved.shape[0], slots + 1)  # the last column takes the unassigned rows
+    every_row = torch.arange(solved.shape[1], device=solved.device).expand_as(solved)
+    return rows.scatter_(1, torch.where(solved >= 0, solved, slots), every_row)[:, :slots]
+
+
+SOLVERS: dict[str, Solver] = {"scipy": scipy_solver}
+if importlib.util.find_spec("torch_linear_assignment") is not None:
+    SOLVERS["torch_linear_assignment"] = batched_solver
+# what HungarianMatcher() uses: SciPy until benchmarks/matcher.py shows the batched solver faster on a GPU
+DEFAULT_SOLVER = "scipy"

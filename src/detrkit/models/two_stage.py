@@ -26,8 +26,10 @@ class FlatMemory:
 
     @property
     def valid_ratios(self) -> torch.Tensor:
-        sizes = torch.tensor([(w, h) for h, w in self.shapes], device=self.tokens.device)
-        return self.valid_sizes / sizes  # (B, levels, 2)
+        # divided by Python numbers: a tensor of the shapes would be a blocking host -> device copy
+        ratios = [torch.stack((self.valid_sizes[:, i, 0] / w, self.valid_sizes[:, i, 1] / h), -1)
+                  for i, (h, w) in enumerate(self.shapes)]
+        return torch.stack(ratios, 1)  # (B, levels, 2)
 
 
 @dataclass
@@ -44,9 +46,9 @@ def flatten_levels(levels: list[torch.Tensor], masks: list[torch.Tensor] | None)
     shapes = [(level.shape[-2], level.shape[-1]) for level in levels]
     tokens = torch.cat([level.flatten(2).transpose(1, 2) for level in levels], dim=1)
     batch, device = tokens.shape[0], tokens.device
-    if masks is None:
-        sizes = torch.tensor([(w, h) for h, w in shapes], device=device, dtype=torch.float32)
-        return FlatMemory(tokens, None, shapes, sizes.expand(batch, -1, -1))
+    if masks is None:  # filled on the device: a tensor of the shapes would be a blocking host -> device copy
+        full = [torch.full((batch,), float(n), device=device) for h, w in shapes for n in (w, h)]
+        return FlatMemory(tokens, None, shapes, torch.stack(full, 1).view(batch, len(shapes), 2))
     # unpadded rows counted down column 0, unpadded columns along row 0
     sizes = [torch.stack(((~m[:, 0, :]).sum(1), (~m[:, :, 0]).sum(1)), -1) for m in masks]
     padding = torch.cat([mask.flatten(1) for mask in masks], dim=1)

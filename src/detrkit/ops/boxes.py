@@ -16,7 +16,11 @@ def xyxy_to_cxcywh(boxes: torch.Tensor) -> torch.Tensor:
 
 
 def apply_box_delta(delta: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    """Box re-parameterisation: shift the centre by delta_xy * base_wh, scale wh by exp(delta_wh)."""
+    """Box re-parameterisation: shift the centre by delta_xy * base_wh, scale wh by exp(delta_wh).
+
+    Computed in fp32 whatever the inputs' dtype: under bf16 autocast the heads emit 8-bit
+    mantissas, about a pixel at 640 px, and every decoder layer refines from these boxes."""
+    delta, base = delta.float(), base.float()
     base_xy, base_wh = base[..., :2], base[..., 2:]
     return torch.cat((delta[..., :2] * base_wh + base_xy, delta[..., 2:].exp() * base_wh), dim=-1)
 

@@ -31,9 +31,10 @@ def plain_ops_needed() -> bool:
 
 
 def fp32_cpu_eager(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """fp32 x and weight on the CPU, where `plain_ops_needed` is false: what every oneDNN path needs."""
+    """fp32 x and weight on the CPU, outside autocast and where `plain_ops_needed` is false: what
+    every oneDNN path needs."""
     return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and not plain_ops_needed())
+            and not torch.is_autocast_enabled("cpu") and not plain_ops_needed())
 
 
 def packing_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:

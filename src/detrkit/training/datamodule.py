@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import secrets
 
 import pytorch_lightning as pl
@@ -15,6 +16,7 @@ from detrkit.datasets.collate import collate
 from detrkit.datasets.detect import DatasetSplits, build_datasets
 from detrkit.datasets.mixing import MixedSamples
 from detrkit.structures import Batch
+from detrkit.training.auto_batch import require_integer_batch
 from detrkit.training.sampling import EpochSampler, EpochTagged, SeededSamples
 
 # A training epoch draws at least this many optimizer steps' worth of samples from tiny sets.
@@ -33,6 +35,7 @@ class RFDETRDataModule(pl.LightningDataModule):
     def __init__(self, model_config: ModelConfig, train_config: TrainConfig,
                  splits: DatasetSplits | None = None) -> None:
         super().__init__()
+        require_integer_batch(train_config)
         self.model_config, self.train_config = model_config, train_config
         self.splits = splits if splits is not None else build_datasets(train_config, model_config)
         self._collate = functools.partial(collate, block=model_config.block_size)
@@ -94,13 +97,31 @@ class RFDETRDataModule(pl.LightningDataModule):
             return 0, 1
         return self.trainer.global_rank, self.trainer.world_size
 
+    def _on_cuda(self) -> bool:
+        if self.trainer is None:
+            return torch.cuda.is_available()
+        return self.trainer.strategy.root_device.type == "cuda"
+
     def _loader(self, dataset: Dataset, batch_size: int, sampler, drop_last: bool = False) -> DataLoader:
-        config = self.train_config
+        config, on_cuda = self.train_config, self._on_cuda()
         workers = config.num_workers
+        if workers is None:
+            processes = self.trainer.world_size // self.trainer.num_nodes if self.trainer is not None else 1
+            workers = default_num_workers(on_cuda, processes)
         return DataLoader(
             dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
             collate_fn=self._collate, num_workers=workers,
-            pin_memory=config.pin_memory if config.pin_memory is not None else torch.cuda.is_available(),
+            pin_memory=config.pin_memory if config.pin_memory is not None else on_cuda,
             persistent_workers=(config.persistent_workers if config.persistent_workers is not None
                                 else workers > 0) and workers > 0,
             prefetch_factor=(config.prefetch_factor or 2) if workers > 0 else None)
+
+
+def default_num_workers(on_cuda: bool, processes_per_node: int = 1) -> int:
+    """Loader workers when num_workers is not set: 2 on the CPU, where they share the cores with the
+    training step; on CUDA the host only feeds the GPU, so one per core this process can claim
+    (one left for the main process), between 2 and 8."""
+    if not on_cuda:
+        return 2
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    return max(2, min(8, cores // max(1, processes_per_node) - 1))

@@ -16,6 +16,8 @@ from detrkit.models.detector import Detector
 from detrkit.models.postprocess import top_detections
 from detrkit.ops.boxes import cxcywh_to_xyxy
 from detrkit.structures import Batch, Target
+from detrkit.training.accel.precision import fused_adamw_applies
+from detrkit.training.auto_batch import require_integer_batch
 from detrkit.training.checkpoints import run_metadata
 from detrkit.training.ema import ModelEMA
 from detrkit.training.evaluation import DetectionEvaluator
@@ -32,6 +34,7 @@ class RFDETRModelModule(pl.LightningModule):
     def __init__(self, model_config: ModelConfig, train_config: TrainConfig, detector: Detector | None = None,
                  class_names: list[str] | None = None, model_name: str | None = None) -> None:
         super().__init__()
+        require_integer_batch(train_config)
         self.model_config, self.train_config = model_config, train_config
         self.model = detector if detector is not None else build_model(model_config, train_config.drop_path)
         self.criterion = build_criterion(model_config, train_config)
@@ -67,7 +70,8 @@ class RFDETRModelModule(pl.LightningModule):
             batch = resize_batch(batch, batch_scale(self.global_step, self.train_scales))
         outputs = self.model(batch.pixels, batch.padding)
         groups = self.model.groups if self.model.training else 1
-        losses = self.criterion(outputs, batch.targets, groups=groups)
+        with torch.autocast(self.device.type, enabled=False):  # matching and losses in fp32
+            losses = self.criterion(outputs, batch.targets, groups=groups)
         size = len(batch)
         self.log("train/loss", losses.total, on_step=False, on_epoch=True, batch_size=size)
         self.log("loss", losses.total, prog_bar=True, on_step=True, on_epoch=False, logger=False, batch_size=size)
@@ -75,8 +79,9 @@ class RFDETRModelModule(pl.LightningModule):
             self.log(f"train/{name}", value, on_step=False, on_epoch=True, batch_size=size)
         for name in ("class_error", "cardinality_error"):
             self.log(f"train/{name}", getattr(losses, name), on_step=False, on_epoch=True, batch_size=size)
-        self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], prog_bar=True, on_step=True,
-                 on_epoch=False, logger=False, batch_size=size)
+        # a CPU tensor: Lightning would copy a Python float to the device, a blocking copy each step
+        lr = torch.tensor(self.trainer.optimizers[0].param_groups[0]["lr"])
+        self.log("lr", lr, prog_bar=True, on_step=True, on_epoch=False, logger=False, batch_size=size)
         return losses.total
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
@@ -101,11 +106,13 @@ class RFDETRModelModule(pl.LightningModule):
         return tracks
 
     def _evaluate_step(self, stage: str, batch: Batch) -> None:
-        sizes = torch.tensor([t.orig_size for t in batch.targets], device=batch.pixels.device)
+        sizes = torch.tensor([t.orig_size for t in batch.targets]).to(batch.pixels.device, non_blocking=True)
         truth = [_pixel_boxes(t) for t in batch.targets]
         for prefix, detector in self.evaluation_tracks(stage).items():
             outputs = detector(batch.pixels, batch.padding)
-            detections = top_detections(outputs.pred_logits, outputs.pred_boxes, sizes, self.model_config.num_select)
+            # scores from fp32 logits: bf16's 8-bit mantissa would tie many of them and move the AP
+            detections = top_detections(outputs.pred_logits.float(), outputs.pred_boxes.float(), sizes,
+                                        self.model_config.num_select)
             self._evaluator(stage + "/" + prefix).add(detections, truth)
 
     def on_validation_epoch_end(self) -> None:
@@ -153,12 +160,27 @@ class RFDETRModelModule(pl.LightningModule):
         optimizer = build_optimizer(self.model.named_parameters(), {
             "lr": config.lr, "lr_encoder": config.lr_encoder, "weight_decay": config.weight_decay,
             "layer_decay": config.lr_vit_layer_decay, "component_decay": config.lr_component_decay,
-            "num_encoder_layers": self.model_config.out_feature_indexes[-1] + 1})
+            "num_encoder_layers": self.model_config.out_feature_indexes[-1] + 1}, fused=self.fused_optimizer)
         factor = lr_factor(config.lr_scheduler, total_steps=int(self.trainer.estimated_stepping_batches),
                            epochs=config.epochs, warmup_epochs=config.warmup_epochs,
                            **config.lr_scheduler_kwargs)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+    @property
+    def fused_optimizer(self) -> bool:
+        return fused_adamw_applies(self.model_config.fused_optimizer, self.device.type, self.trainer.precision)
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Lightning refuses to clip for optimizers that unscale inside step() (fused AdamW); under
+        bf16 nothing is scaled, so the global norm of the optimizer's parameters is clipped here."""
+        if not getattr(optimizer, "_step_supports_amp_scaling", False):
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        elif gradient_clip_val:
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val, foreach=True)
 
 
 def _compact_terms(terms: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -13,8 +13,10 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 from pytorch_lightning.loggers import CSVLogger, Logger
+from pytorch_lightning.utilities import rank_zero_info
 
 from detrkit.config import TrainConfig
+from detrkit.training.accel.precision import TensorFloat32, resolve_precision, selected_accelerators
 from detrkit.training.callbacks.early_stopping import MetricEarlyStopping
 from detrkit.training.callbacks.heap import RetainHeap
 from detrkit.training.callbacks.schedule import ValidateLastEpoch
@@ -30,16 +32,18 @@ def build_trainer(train_config: TrainConfig, **trainer_kwargs: Any) -> pl.Traine
     """Trainer for `train_config`; keyword arguments override or extend the Trainer's settings
     (devices defaults to 1; callbacks and loggers given here are added to detrkit's)."""
     output = Path(train_config.output_dir)
-    callbacks = [RetainHeap(), ValidateLastEpoch(), EpochSummary(), *run_callbacks(train_config),
+    callbacks = [RetainHeap(), TensorFloat32(), ValidateLastEpoch(), EpochSummary(), *run_callbacks(train_config),
                  *trainer_kwargs.pop("callbacks", [])]
     if train_config.progress_bar == "rich":
         callbacks.append(RichProgressBar())
     elif train_config.progress_bar == "tqdm":
         callbacks.append(TQDMProgressBar())
+    topology = launched_topology(train_config.devices, train_config.num_nodes)
     settings: dict[str, Any] = dict(
         default_root_dir=str(output), max_epochs=train_config.epochs, accelerator=_accelerator(train_config),
-        **launched_topology(train_config.devices, train_config.num_nodes), strategy=train_config.strategy,
-        precision="32-true", gradient_clip_val=train_config.clip_max_norm or None,
+        **topology, strategy=train_config.strategy,
+        precision=_precision(train_config, topology["devices"], trainer_kwargs.get("precision")),
+        gradient_clip_val=train_config.clip_max_norm or None,
         gradient_clip_algorithm="norm", accumulate_grad_batches=train_config.grad_accum_steps,
         sync_batchnorm=train_config.sync_bn,
         check_val_every_n_epoch=train_config.eval_interval, num_sanity_val_steps=train_config.num_sanity_val_steps,
@@ -99,6 +103,18 @@ def split_train_kwargs(kwargs: dict[str, Any]) -> tuple[TrainConfig, dict[str, A
     passthrough = {k: v for k, v in kwargs.items() if k not in TrainConfig.model_fields and k in trainer_params}
     fields = {k: v for k, v in kwargs.items() if k not in passthrough}
     return TrainConfig(**fields), passthrough
+
+
+def _precision(train_config: TrainConfig, devices: int | str | list[int], given: Any) -> str:
+    """amp_dtype resolved for the devices this run trains on, logged once. A `precision=` Trainer
+    argument wins (and is logged as given)."""
+    accelerators = selected_accelerators(_accelerator(train_config), devices)
+    if given is not None:
+        rank_zero_info(f"precision: {given} (set by the precision= Trainer argument) on {accelerators.describe()}")
+        return str(given)
+    resolved = resolve_precision(train_config.amp_dtype, accelerators)
+    rank_zero_info(resolved.describe())
+    return resolved.lightning
 
 
 def _accelerator(train_config: TrainConfig) -> str:

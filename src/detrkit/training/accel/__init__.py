@@ -1,0 +1,1 @@
+"""Acceleration applied around the model: precision now; compile and CUDA graphs later."""
