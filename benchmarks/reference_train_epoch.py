@@ -6,7 +6,8 @@
 
 The global torch RNG is seeded with `--seed` before the model is built (weights are initialised at
 construction), and the same seed goes to train() as TrainConfig.seed.
-Prints one JSON line: {"impl": "reference", "seed": ..., "seconds": ..., "map_50": [...per epoch]}.
+Prints one JSON line: {"impl": "reference", "seed": ..., "seconds": ..., "map_50": [...per epoch],
+"map_75": [...], "map_50_95": [...]}.
 """
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def main() -> int:
         rows = [r for r in csv.DictReader(stream) if r.get("val/mAP_50")]
     sys.stdout = real_stdout
     print(json.dumps({"impl": "reference", "seed": args.seed, "ema": args.ema, "seconds": seconds,
-                      "map_50": [float(r["val/mAP_50"]) for r in rows]}), flush=True)
+                      **{key: [float(r[f"val/mAP_{key[4:]}"]) for r in rows]
+                         for key in ("map_50", "map_75", "map_50_95")}}), flush=True)
     return 0
 
 

@@ -5,13 +5,14 @@ beside the reference package on the same data in the same run.
     python benchmarks/train_epoch.py [--epochs 1] [--train-images 48] [--valid-images 16] \
         [--ema | --no-ema] [--seed 0 --repeats 1 | --seeds 0 1 2] \
         [--reference-python REF/bin/python] [--device cpu] [--dataset DIR] \
-        [--train-kwargs '{"multi_scale": false}'] [--out result.json]
+        [--train-kwargs '{"multi_scale": false}'] [--no-count-flops] [--out result.json]
 
 Each seed trains detrkit, then the reference, on the same data (the data set is generated once,
 with seed 0). The seed seeds the global torch RNG before the model is built (both packages
 initialise weights at construction) and is the run's TrainConfig.seed. EMA is on by default on
 both sides, as in both packages. The JSON gives per-seed and mean validation mAP@50 after each
-epoch and per-seed and mean wall times; with `--out` it is rewritten after every run.
+epoch (and per-seed mAP@75 and mAP@50:95) and per-seed and mean wall times; with `--out` it is
+rewritten after every run.
 
 The ratio is mean reference seconds / mean detrkit seconds. The floor estimate counts the FLOPs of one
 training step (forward + backward at the nominal resolution) with torch's counter and divides
@@ -55,6 +56,8 @@ def parse_args() -> argparse.Namespace:
                         help='JSON object of further train() keywords for both packages, e.g. {"multi_scale": false}')
     parser.add_argument("--dataset", type=Path,
                         help="train on this folder instead of generating one (so parallel runs share it)")
+    parser.add_argument("--count-flops", action=argparse.BooleanOptionalAction, default=True,
+                        help="count the FLOPs of one training step and time a GEMM for the floor (default: on)")
     parser.add_argument("--out", type=Path)
     return parser.parse_args()
 
@@ -70,8 +73,9 @@ def detrkit_run(args: argparse.Namespace, dataset: Path, output: Path, seed: int
     model.train(**{**settings, **json.loads(args.train_kwargs)})
     seconds = time.perf_counter() - start
     with open(output / "metrics.csv", newline="") as stream:
-        maps = [float(r["val/mAP_50"]) for r in csv.DictReader(stream) if r.get("val/mAP_50")]
-    result = {"seed": seed, "seconds": seconds, "map_50": maps}
+        rows = [r for r in csv.DictReader(stream) if r.get("val/mAP_50")]
+    result = {"seed": seed, "seconds": seconds, **{key: [float(r[f"val/mAP_{key[4:]}"]) for r in rows]
+                                                   for key in ("map_50", "map_75", "map_50_95")}}
     if count_flops:
         result["step_gflop"] = step_gflops(model, args)
     return result
@@ -122,6 +126,8 @@ def summarise(runs: list[dict]) -> dict:
     maps = [run["map_50"] for run in runs]
     epochs = min(len(m) for m in maps)
     return {"seeds": [run["seed"] for run in runs], "per_seed_map_50": maps,
+            "per_seed_map_75": [run.get("map_75") for run in runs],
+            "per_seed_map_50_95": [run.get("map_50_95") for run in runs],
             "mean_map_50": [sum(m[e] for m in maps) / len(maps) for e in range(epochs)],
             "per_seed_seconds": [run["seconds"] for run in runs],
             "mean_seconds": sum(run["seconds"] for run in runs) / len(runs)}
@@ -169,7 +175,8 @@ def main() -> int:
         dataset = args.dataset or make_synthetic_dataset(Path(scratch) / "data", num_train=args.train_images,
                                                          num_valid=args.valid_images, seed=0)
         for seed in seeds:
-            ours.append(detrkit_run(args, dataset, Path(scratch) / f"detrkit-{seed}", seed, count_flops=not ours))
+            ours.append(detrkit_run(args, dataset, Path(scratch) / f"detrkit-{seed}", seed,
+                                    count_flops=args.count_flops and not ours))
             print(f"detrkit seed {seed}: {ours[-1]['seconds']:.1f} s, mAP@50 {ours[-1]['map_50']}",
                   file=sys.stderr, flush=True)
             emit()
@@ -178,7 +185,7 @@ def main() -> int:
                 print(f"reference seed {seed}: {theirs[-1]['seconds']:.1f} s, mAP@50 {theirs[-1]['map_50']}",
                       file=sys.stderr, flush=True)
                 emit()
-    print(emit(gemm_rate() if args.device == "cpu" else None))
+    print(emit(gemm_rate() if args.device == "cpu" and args.count_flops else None))
     return 0
 
 
