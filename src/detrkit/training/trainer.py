@@ -16,7 +16,12 @@ from pytorch_lightning.loggers import CSVLogger, Logger
 from pytorch_lightning.utilities import rank_zero_info
 
 from detrkit.config import TrainConfig
-from detrkit.training.accel.precision import TensorFloat32, resolve_precision, selected_accelerators
+from detrkit.training.accel.precision import (
+    Accelerators,
+    TensorFloat32,
+    resolve_precision,
+    selected_accelerators,
+)
 from detrkit.training.callbacks.early_stopping import MetricEarlyStopping
 from detrkit.training.callbacks.heap import RetainHeap
 from detrkit.training.callbacks.schedule import ValidateLastEpoch
@@ -32,17 +37,21 @@ def build_trainer(train_config: TrainConfig, **trainer_kwargs: Any) -> pl.Traine
     """Trainer for `train_config`; keyword arguments override or extend the Trainer's settings
     (devices defaults to 1; callbacks and loggers given here are added to detrkit's)."""
     output = Path(train_config.output_dir)
+    topology = launched_topology(train_config.devices, train_config.num_nodes)
+    accelerators = selected_accelerators(_accelerator(train_config), topology["devices"])
     callbacks = [RetainHeap(), TensorFloat32(), ValidateLastEpoch(), EpochSummary(), *run_callbacks(train_config),
                  *trainer_kwargs.pop("callbacks", [])]
+    # each refresh reads the step's loss back from the device: on a GPU that stalls the queue of
+    # work, so the bar refreshes every 10 steps there
+    refresh = 1 if accelerators.kind == "cpu" else 10
     if train_config.progress_bar == "rich":
-        callbacks.append(RichProgressBar())
+        callbacks.append(RichProgressBar(refresh_rate=refresh))
     elif train_config.progress_bar == "tqdm":
-        callbacks.append(TQDMProgressBar())
-    topology = launched_topology(train_config.devices, train_config.num_nodes)
+        callbacks.append(TQDMProgressBar(refresh_rate=refresh))
     settings: dict[str, Any] = dict(
         default_root_dir=str(output), max_epochs=train_config.epochs, accelerator=_accelerator(train_config),
         **topology, strategy=train_config.strategy,
-        precision=_precision(train_config, topology["devices"], trainer_kwargs.get("precision")),
+        precision=_precision(train_config, accelerators, trainer_kwargs.get("precision")),
         gradient_clip_val=train_config.clip_max_norm or None,
         gradient_clip_algorithm="norm", accumulate_grad_batches=train_config.grad_accum_steps,
         sync_batchnorm=train_config.sync_bn,
@@ -105,10 +114,9 @@ def split_train_kwargs(kwargs: dict[str, Any]) -> tuple[TrainConfig, dict[str, A
     return TrainConfig(**fields), passthrough
 
 
-def _precision(train_config: TrainConfig, devices: int | str | list[int], given: Any) -> str:
+def _precision(train_config: TrainConfig, accelerators: Accelerators, given: Any) -> str:
     """amp_dtype resolved for the devices this run trains on, logged once. A `precision=` Trainer
     argument wins (and is logged as given)."""
-    accelerators = selected_accelerators(_accelerator(train_config), devices)
     if given is not None:
         rank_zero_info(f"precision: {given} (set by the precision= Trainer argument) on {accelerators.describe()}")
         return str(given)
