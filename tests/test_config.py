@@ -59,10 +59,18 @@ def test_unavailable_features_raise_not_implemented(tiny_kwargs):
         RFDETRSmall(**tiny_kwargs, two_stage=False)
 
 
-def test_compile_on_cpu_is_disabled_with_a_log_line(tiny_kwargs, caplog):
+def test_acceleration_is_planned_at_train_start_not_at_construction(tiny_kwargs, caplog):
+    """compile and cuda_graphs are decided once per run, from the configs and the device."""
+    from detrkit.config import TrainConfig
+    from detrkit.training.trainer import plan_run
+
     with caplog.at_level("INFO", logger="detrkit"):
-        RFDETRNano(**tiny_kwargs, compile=True)
-    assert "compile=True is disabled" in caplog.text
+        model = RFDETRNano(**tiny_kwargs, compile=True, cuda_graphs=True)
+    assert "compile" not in caplog.text
+    with caplog.at_level("INFO", logger="detrkit"):
+        plan = plan_run(model.model_config, TrainConfig(dataset_dir=None, accelerator="cpu"), {})
+    assert plan.cuda_graphs is None and plan.fp8_backend is None and plan.precision == "32-true"
+    assert "CUDA graphs" in caplog.text
 
 
 def test_train_config_checkpoint_and_ema_settings():

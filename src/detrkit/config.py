@@ -278,6 +278,7 @@ class TrainConfig(_Strict):
     num_nodes: int = Field(1, ge=1)
     device: str | None = None  # overrides the model's device for training
     amp_dtype: AmpDtype = "auto"  # None means "fp32"; an unknown name warns and means "auto"
+    fp8_backend: Literal["auto", "transformer-engine", "torchao"] = "auto"  # amp_dtype="fp8": "auto" is TE if importable
     num_sanity_val_steps: int = Field(0, ge=0)
 
     @field_validator("multi_scale", mode="before")

@@ -41,7 +41,6 @@ class RFDETR:
         checkpoint = read_checkpoint(resolve_weights(config.pretrain_weights)) if config.pretrain_weights else None
         if checkpoint is not None and "num_classes" not in config.model_fields_set:
             config = config.model_copy(update={"num_classes": checkpoint.num_logits - 1})
-        _check_acceleration(config)
         self.model_config = config
         self.model = build_model(config)
         self.class_names: list[str] | None = None
@@ -123,21 +122,14 @@ class RFDETR:
         import pytorch_lightning as pl
 
         from detrkit.training import RFDETRDataModule, RFDETRModelModule, build_trainer
+        from detrkit.training.accel.fp8 import fp8_layers
         from detrkit.training.resume import open_resume_point, warm_start
         from detrkit.training.run_record import carry_over_metrics
-        from detrkit.training.trainer import split_train_kwargs
+        from detrkit.training.trainer import plan_run, split_train_kwargs
 
         train_config, trainer_kwargs = split_train_kwargs(kwargs)
-        if not self.model_config.amp and "amp_dtype" not in train_config.model_fields_set:
-            warnings.warn("amp=False on the model is deprecated: pass amp_dtype='fp32' to train(); training "
-                          "in fp32", FutureWarning, stacklevel=2)
-            train_config = train_config.model_copy(update={"amp_dtype": "fp32"})
-        if train_config.batch_size == "auto":  # probed on the training device, before any data is read
-            from detrkit.training.auto_batch import probe_device, process_count, resolve_auto_batch
-
-            self.model.to(probe_device(train_config, self.device))
-            train_config = resolve_auto_batch(self.model, self.model_config, train_config,
-                                              process_count(train_config.devices, train_config.num_nodes))
+        train_config = self._settle_precision_and_batch(train_config)
+        plan = plan_run(self.model_config, train_config, trainer_kwargs)
         datamodule = RFDETRDataModule(self.model_config, train_config)
         self._fit_classes(datamodule.class_names)
         resume = (open_resume_point(train_config.resume, train_config.output_dir, self.model)
@@ -145,17 +137,33 @@ class RFDETR:
         if train_config.seed is not None:
             pl.seed_everything(train_config.seed + int(os.environ.get("RANK", 0)), workers=True, verbose=False)
         module = RFDETRModelModule(self.model_config, train_config, detector=self.model, class_names=self.class_names,
-                                   model_name=type(self).__name__)
-        trainer = build_trainer(train_config, **trainer_kwargs)
+                                   model_name=type(self).__name__, plan=plan)
+        trainer = build_trainer(train_config, plan=plan, **trainer_kwargs)
         if resume is not None:
             carry_over_metrics(trainer, train_config.output_dir, resume.epoch)
             if not resume.full:
                 warm_start(resume, trainer, module, train_config.output_dir)
         self.model.train()
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resume.ckpt_path if resume else None)
+        with fp8_layers(self.model, plan.fp8_backend):
+            trainer.fit(module, datamodule=datamodule, ckpt_path=resume.ckpt_path if resume else None)
         if train_config.run_test and datamodule.splits.test is not None:
             self._test_best_weights(trainer, module, datamodule)
         self.model.to(self.device).eval()
+
+    def _settle_precision_and_batch(self, train_config):
+        """The deprecated amp=False folded into amp_dtype; batch_size="auto" probed on the training
+        GPU, before any data is read."""
+        if not self.model_config.amp and "amp_dtype" not in train_config.model_fields_set:
+            warnings.warn("amp=False on the model is deprecated: pass amp_dtype='fp32' to train(); training "
+                          "in fp32", FutureWarning, stacklevel=3)
+            train_config = train_config.model_copy(update={"amp_dtype": "fp32"})
+        if train_config.batch_size == "auto":
+            from detrkit.training.auto_batch import probe_device, process_count, resolve_auto_batch
+
+            self.model.to(probe_device(train_config, self.device))
+            train_config = resolve_auto_batch(self.model, self.model_config, train_config,
+                                              process_count(train_config.devices, train_config.num_nodes))
+        return train_config
 
     def _test_best_weights(self, trainer, module, datamodule) -> None:
         """Score checkpoint_best_total.pth on the test split (logged as test/*), then go back to
@@ -185,17 +193,6 @@ class RFDETR:
             self.model_config = self.model_config.model_copy(update={"num_classes": wanted})
         self.model.resize_class_heads(self.model_config.num_classes + 1)
         self.class_names = list(class_names)
-
-
-def _check_acceleration(config: ModelConfig) -> None:
-    """compile and cuda_graphs only ever act on CUDA training; say so once, up front."""
-    for name in ("compile", "cuda_graphs"):
-        if not getattr(config, name):
-            continue
-        if torch.device(config.device).type != "cuda":
-            logger.info("%s=True is disabled: it only applies to CUDA training", name)
-        else:
-            raise NotImplementedError(f"{name}=True (CUDA training acceleration) is not available in detrkit yet")
 
 
 def from_checkpoint(path: str, **overrides: Any) -> RFDETR:

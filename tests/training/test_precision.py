@@ -31,7 +31,7 @@ CPU, MPS = Accelerators("cpu"), Accelerators("mps")
     ("auto", H200, "bf16-mixed"), ("bf16", H200, "bf16-mixed"), ("fp16", H200, "16-mixed"),
     ("fp32", H200, "32-true"), ("auto", T4, "16-mixed"), ("fp16", T4, "16-mixed"), ("auto", MIXED, "16-mixed"),
     ("auto", Accelerators("cuda", ("AMD MI300X",), ((9, 4),), rocm=True), "bf16-mixed"),
-    ("auto", CPU, "32-true"), ("bf16", CPU, "32-true"), ("fp16", CPU, "32-true"), ("fp8", CPU, "32-true"),
+    ("auto", CPU, "32-true"), ("bf16", CPU, "32-true"), ("fp16", CPU, "32-true"), ("fp8", H200, "transformer-engine"),
     ("auto", MPS, "16-mixed"), ("fp16", MPS, "16-mixed"), ("fp32", MPS, "32-true"),
 ])
 def test_resolution_table(amp_dtype, devices, expected):
@@ -40,7 +40,7 @@ def test_resolution_table(amp_dtype, devices, expected):
         resolved = resolve_precision(amp_dtype, devices)
     assert resolved.lightning == expected
     assert resolved.autocast_dtype == {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16,
-                                       "32-true": None}[expected]
+                                       "32-true": None, "transformer-engine": torch.bfloat16}[expected]
 
 
 def test_bf16_without_native_support_warns_and_takes_fp16():
@@ -50,11 +50,16 @@ def test_bf16_without_native_support_warns_and_takes_fp16():
         assert resolve_precision("bf16", MPS).lightning == "16-mixed"
 
 
-def test_fp8_is_not_available_yet_and_never_on_mps():
-    with pytest.raises(NotImplementedError, match="amp_dtype='fp8'.*not available in detrkit yet"):
-        resolve_precision("fp8", H200)
-    with pytest.raises(ValueError, match="compute capability 8.9"):
-        resolve_precision("fp8", MPS)
+def test_fp8_runs_under_its_backend_on_gpus_of_capability_8_9():
+    assert resolve_precision("fp8", H200).lightning == "transformer-engine"
+    torchao = resolve_precision("fp8", H200, fp8_backend="torchao")
+    assert (torchao.lightning, torchao.autocast_dtype) == ("bf16-mixed", torch.bfloat16)
+    assert resolve_precision("fp8", Accelerators("cuda", ("NVIDIA L4",), ((8, 9),))).lightning == "transformer-engine"
+    with pytest.raises(ValueError, match=r"compute capability 8.9 or newer on every selected GPU; Tesla T4 \(7.5\)"):
+        resolve_precision("fp8", MIXED)
+    for devices in (CPU, MPS):
+        with pytest.raises(ValueError, match=f"compute capability 8.9 or newer, not {devices.kind.upper()}"):
+            resolve_precision("fp8", devices)
 
 
 def test_description_line():

@@ -22,6 +22,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_info
 
 import detrkit
+from detrkit.training.ema import portable_weights
 
 BEST_REGULAR, BEST_EMA, BEST_TOTAL, LAST_EMA = (
     "checkpoint_best_regular.pth", "checkpoint_best_ema.pth", "checkpoint_best_total.pth", "last_ema.pth")
@@ -164,9 +165,9 @@ class BestModels(pl.Callback):
         if not trainer.is_global_zero:
             return
         if track == "ema":
-            payload = lightweight_checkpoint(trainer, pl_module, pl_module.ema.module.state_dict())
+            payload = lightweight_checkpoint(trainer, pl_module, portable_weights(pl_module.ema.module))
         else:
-            payload = lightweight_checkpoint(trainer, pl_module, pl_module.model.state_dict())
+            payload = lightweight_checkpoint(trainer, pl_module, portable_weights(pl_module.model))
         save_atomically(payload, self.output_dir / (BEST_EMA if track == "ema" else BEST_REGULAR))
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -174,7 +175,7 @@ class BestModels(pl.Callback):
         callback hands its weights to the live model (callbacks run in order; see build_trainer)."""
         ema = getattr(pl_module, "ema", None)
         if trainer.is_global_zero and ema is not None:
-            payload = lightweight_checkpoint(trainer, pl_module, ema.module.state_dict())
+            payload = lightweight_checkpoint(trainer, pl_module, portable_weights(ema.module))
             save_atomically(payload, self.output_dir / LAST_EMA)
             if not (self.output_dir / BEST_EMA).exists():
                 save_atomically(payload, self.output_dir / BEST_EMA)

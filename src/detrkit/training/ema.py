@@ -15,6 +15,8 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 
+from detrkit.training.accel.fp8 import ema_state_filter
+
 
 class ModelEMA:
     """An averaged copy of `model` (eval mode, no gradients) and the number of updates it had."""
@@ -52,11 +54,25 @@ class ModelEMA:
         return tensors
 
     def state_dict(self) -> dict[str, Any]:
-        return {"updates": self.updates, "weights": self.module.state_dict()}
+        return {"updates": self.updates, "weights": portable_weights(self.module)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.module.load_state_dict(state["weights"])
+        load_portable_weights(self.module, state["weights"])
         self.updates = int(state["updates"])
+
+
+def portable_weights(module: nn.Module) -> dict[str, torch.Tensor]:
+    """`module.state_dict()` without what may not travel between models (Transformer Engine's
+    `_extra_state`, see `ema_state_filter`)."""
+    return {name: value for name, value in module.state_dict().items() if ema_state_filter(name)}
+
+
+def load_portable_weights(module: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Load `portable_weights` of a twin: every entry but the non-portable ones must match."""
+    missing, unexpected = module.load_state_dict(weights, strict=False)
+    missing = [name for name in missing if ema_state_filter(name)]
+    if missing or unexpected:
+        raise RuntimeError(f"the averaged weights do not fit the model: missing {missing}, unexpected {unexpected}")
 
 
 class EMACallback(pl.Callback):
@@ -95,7 +111,7 @@ class EMACallback(pl.Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.ema is not None and self.ema.updates:
-            pl_module.model.load_state_dict(self.ema.module.state_dict())
+            load_portable_weights(pl_module.model, portable_weights(self.ema.module))
 
     def state_dict(self) -> dict[str, Any]:
         if self.ema is None:

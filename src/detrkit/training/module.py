@@ -16,6 +16,8 @@ from detrkit.models.detector import Detector
 from detrkit.models.postprocess import top_detections
 from detrkit.ops.boxes import cxcywh_to_xyxy
 from detrkit.structures import Batch, Target
+from detrkit.training.accel.cuda_graphs import GraphedTrainingForward, graphed_forward
+from detrkit.training.accel.plan import AccelerationPlan
 from detrkit.training.accel.precision import fused_adamw_applies
 from detrkit.training.auto_batch import require_integer_batch
 from detrkit.training.checkpoints import run_metadata
@@ -32,8 +34,11 @@ class RFDETRModelModule(pl.LightningModule):
     """
 
     def __init__(self, model_config: ModelConfig, train_config: TrainConfig, detector: Detector | None = None,
-                 class_names: list[str] | None = None, model_name: str | None = None) -> None:
+                 class_names: list[str] | None = None, model_name: str | None = None,
+                 plan: AccelerationPlan | None = None) -> None:
         super().__init__()
+        self.plan = plan  # compile, CUDA graphs and FP8 as decided for this run (None: none of them)
+        self._train_forward: GraphedTrainingForward | None = None  # the training forward, when graphed
         require_integer_batch(train_config)
         self.model_config, self.train_config = model_config, train_config
         self.model = detector if detector is not None else build_model(model_config, train_config.drop_path)
@@ -52,10 +57,14 @@ class RFDETRModelModule(pl.LightningModule):
             self.class_names = getattr(self.trainer.datamodule, "class_names", None)
 
     def on_fit_start(self) -> None:
+        self._train_forward = graphed_forward(self.model, self.plan, self.trainer.precision_plugin)
         config, processes = self.train_config, self.trainer.world_size
         rank_zero_info(f"effective batch: {config.batch_size} per process x {config.grad_accum_steps} accumulation "
                        f"x {processes} process{'es' if processes > 1 else ''} = "
                        f"{config.batch_size * config.grad_accum_steps * processes} images per optimizer step")
+
+    def on_fit_end(self) -> None:
+        self._train_forward = None  # frees the graphs' memory pools
 
     def forward(self, pixels: torch.Tensor, padding: torch.Tensor | None = None):
         return self.model(pixels, padding)
@@ -68,7 +77,7 @@ class RFDETRModelModule(pl.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         if self.train_scales:  # one scale per optimizer step, shared by its micro-batches
             batch = resize_batch(batch, batch_scale(self.global_step, self.train_scales))
-        outputs = self.model(batch.pixels, batch.padding)
+        outputs = (self._train_forward or self.model)(batch.pixels, batch.padding)
         groups = self.model.groups if self.model.training else 1
         with torch.autocast(self.device.type, enabled=False):  # matching and losses in fp32
             losses = self.criterion(outputs, batch.targets, groups=groups)

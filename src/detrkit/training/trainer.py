@@ -15,7 +15,10 @@ from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 from pytorch_lightning.loggers import CSVLogger, Logger
 from pytorch_lightning.utilities import rank_zero_info
 
-from detrkit.config import TrainConfig
+from detrkit.config import ModelConfig, TrainConfig
+from detrkit.training.accel.cuda_graphs import CudaGraphStepMarker
+from detrkit.training.accel.fp8 import FP8_BACKENDS
+from detrkit.training.accel.plan import AccelerationPlan, log_plan, plan_acceleration, read_device_facts
 from detrkit.training.accel.precision import (
     Accelerators,
     TensorFloat32,
@@ -33,14 +36,18 @@ from detrkit.training.run_record import TrainingConfigRecord
 logger = logging.getLogger(__name__)
 
 
-def build_trainer(train_config: TrainConfig, **trainer_kwargs: Any) -> pl.Trainer:
+def build_trainer(train_config: TrainConfig, plan: AccelerationPlan | None = None, **trainer_kwargs: Any) -> pl.Trainer:
     """Trainer for `train_config`; keyword arguments override or extend the Trainer's settings
-    (devices defaults to 1; callbacks and loggers given here are added to detrkit's)."""
+    (devices defaults to 1; callbacks and loggers given here are added to detrkit's). `plan` (from
+    `plan_run`) carries the precision, FP8 and CUDA-graph decisions that need the model config;
+    without one the precision is resolved from amp_dtype alone (FP8 needs a plan)."""
     output = Path(train_config.output_dir)
     topology = launched_topology(train_config.devices, train_config.num_nodes)
     accelerators = selected_accelerators(_accelerator(train_config), topology["devices"])
     callbacks = [RetainHeap(), TensorFloat32(), ValidateLastEpoch(), EpochSummary(), *run_callbacks(train_config),
                  *trainer_kwargs.pop("callbacks", [])]
+    if plan is not None and plan.cuda_graphs == "inductor":
+        callbacks.append(CudaGraphStepMarker())
     # each refresh reads the step's loss back from the device: on a GPU that stalls the queue of
     # work, so the bar refreshes every 10 steps there
     refresh = 1 if accelerators.kind == "cpu" else 10
@@ -51,18 +58,33 @@ def build_trainer(train_config: TrainConfig, **trainer_kwargs: Any) -> pl.Traine
     settings: dict[str, Any] = dict(
         default_root_dir=str(output), max_epochs=train_config.epochs, accelerator=_accelerator(train_config),
         **topology, strategy=train_config.strategy,
-        precision=_precision(train_config, accelerators, trainer_kwargs.get("precision")),
+        **_precision(train_config, accelerators, plan, trainer_kwargs.get("precision")),
         gradient_clip_val=train_config.clip_max_norm or None,
         gradient_clip_algorithm="norm", accumulate_grad_batches=train_config.grad_accum_steps,
         sync_batchnorm=train_config.sync_bn,
         check_val_every_n_epoch=train_config.eval_interval, num_sanity_val_steps=train_config.num_sanity_val_steps,
         enable_checkpointing=True, enable_progress_bar=train_config.progress_bar is not None,
-        enable_model_summary=False, log_every_n_steps=10, plugins=[AtomicCheckpointIO()],
+        enable_model_summary=False, log_every_n_steps=10,
         use_distributed_sampler=False,  # RFDETRDataModule shards the data itself
         logger=[*build_loggers(train_config), *_as_list(trainer_kwargs.pop("logger", []))],
         callbacks=callbacks)
+    settings["plugins"] = [AtomicCheckpointIO(), *settings.get("plugins", []),
+                           *_as_list(trainer_kwargs.pop("plugins", []))]
     settings.update(trainer_kwargs)
     return pl.Trainer(**settings)
+
+
+def plan_run(model_config: ModelConfig, train_config: TrainConfig, trainer_kwargs: dict[str, Any]) -> AccelerationPlan:
+    """Compile, CUDA graphs, FP8 and precision for this run, decided once from the configs and
+    this machine; fallbacks are logged, contradictions raise before anything is written."""
+    topology = launched_topology(train_config.devices, train_config.num_nodes)
+    accelerators = selected_accelerators(_accelerator(train_config), topology["devices"])
+    facts = read_device_facts(train_config, accelerators, devices=topology["devices"],
+                              num_nodes=topology["num_nodes"], precision=trainer_kwargs.get("precision"),
+                              accumulate_grad_batches=trainer_kwargs.get("accumulate_grad_batches"))
+    plan = plan_acceleration(model_config, train_config, facts)
+    log_plan(plan)
+    return plan
 
 
 def launched_topology(devices: int | str | list[int], num_nodes: int) -> dict[str, Any]:
@@ -114,15 +136,22 @@ def split_train_kwargs(kwargs: dict[str, Any]) -> tuple[TrainConfig, dict[str, A
     return TrainConfig(**fields), passthrough
 
 
-def _precision(train_config: TrainConfig, accelerators: Accelerators, given: Any) -> str:
-    """amp_dtype resolved for the devices this run trains on, logged once. A `precision=` Trainer
-    argument wins (and is logged as given)."""
+def _precision(train_config: TrainConfig, accelerators: Accelerators, plan: AccelerationPlan | None,
+               given: Any) -> dict[str, Any]:
+    """The Trainer's precision arguments for amp_dtype on these devices, logged once: `precision=`,
+    or an FP8 backend's plugin. A `precision=` Trainer argument wins (and is logged as given)."""
     if given is not None:
         rank_zero_info(f"precision: {given} (set by the precision= Trainer argument) on {accelerators.describe()}")
-        return str(given)
+        return {"precision": given}
+    if plan is not None and plan.fp8_backend is not None:
+        rank_zero_info(f"precision: fp8 through {plan.fp8_backend} on {accelerators.describe()}")
+        return FP8_BACKENDS[plan.fp8_backend].trainer_precision()
+    if train_config.amp_dtype == "fp8" and accelerators.kind == "cuda":
+        raise ValueError("amp_dtype='fp8' is planned with the model (its layers are converted): train with "
+                         "RFDETR.train(), or pass plan=plan_run(model_config, train_config, {}) to build_trainer")
     resolved = resolve_precision(train_config.amp_dtype, accelerators)
     rank_zero_info(resolved.describe())
-    return resolved.lightning
+    return {"precision": resolved.lightning}
 
 
 def _accelerator(train_config: TrainConfig) -> str:

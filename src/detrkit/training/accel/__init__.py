@@ -1,1 +1,1 @@
-"""Acceleration applied around the model: precision now; compile and CUDA graphs later."""
+"""Acceleration applied around the model: precision, FP8, compile and CUDA graphs, planned once per run."""

@@ -9,12 +9,18 @@ from dataclasses import dataclass
 import pytorch_lightning as pl
 import torch
 
+from detrkit.training.accel.fp8 import FP8_BACKENDS
+
 logger = logging.getLogger(__name__)
 
 # Lightning precision -> the dtype autocast runs the model in (None: no autocast)
-_AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "32-true": None}
+# (Transformer Engine: its plugin's fallback autocast for what does not run in FP8)
+_AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "32-true": None,
+             "transformer-engine": torch.bfloat16}
 # Lightning precisions under which AdamW may run fused on CUDA (spec 16.6): no gradient scaler
 _FUSED_ADAMW_PRECISIONS = ("bf16-mixed", "bf16-true", "bf16", "transformer-engine")
+FP8_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada, Hopper and newer
+_FP8_CAPABILITY_TEXT = "%d.%d" % FP8_CAPABILITY
 
 
 @dataclass(frozen=True)
@@ -63,20 +69,21 @@ def fused_adamw_applies(requested: bool, device_type: str, precision: str) -> bo
     return requested and device_type == "cuda" and str(precision) in _FUSED_ADAMW_PRECISIONS
 
 
-def resolve_precision(amp_dtype: str, accelerators: Accelerators) -> ResolvedPrecision:
+def resolve_precision(amp_dtype: str, accelerators: Accelerators,
+                      fp8_backend: str = "transformer-engine") -> ResolvedPrecision:
     """The Lightning precision for `amp_dtype` ("auto", "bf16", "fp16", "fp32", "fp8") on these
     devices. CPU (and anything but CUDA or MPS) trains in fp32; CUDA takes bf16-mixed where every
-    GPU has native bf16, else fp16-mixed with loss scaling; MPS takes fp16-mixed."""
+    GPU has native bf16, else fp16-mixed with loss scaling; MPS takes fp16-mixed. fp8 needs GPUs
+    of compute capability 8.9 or newer and runs under its backend's precision (`FP8_BACKENDS`:
+    "transformer-engine" for Transformer Engine, "bf16-mixed" for torchao)."""
     kind = accelerators.kind
+    if amp_dtype == "fp8":
+        require_fp8_devices(accelerators)
+        return _resolved(FP8_BACKENDS[fp8_backend].lightning_precision, accelerators)
     if amp_dtype == "fp32" or kind not in ("cuda", "mps"):
         if amp_dtype not in ("auto", "fp32"):
             logger.info("amp_dtype=%r applies to GPUs only; training on %s runs in fp32", amp_dtype, kind)
         return _resolved("32-true", accelerators)
-    if amp_dtype == "fp8":
-        if kind == "mps":
-            raise ValueError("amp_dtype='fp8' needs NVIDIA GPUs of compute capability 8.9 or newer, not MPS")
-        raise NotImplementedError("amp_dtype='fp8' (Transformer Engine FP8 training) is not available in detrkit "
-                                  "yet; use amp_dtype='bf16' (the default on this GPU is 'auto')")
     if kind == "mps":
         if amp_dtype == "bf16":
             warnings.warn("amp_dtype='bf16' is not supported on MPS; training in fp16-mixed", UserWarning, stacklevel=2)
@@ -90,6 +97,20 @@ def resolve_precision(amp_dtype: str, accelerators: Accelerators) -> ResolvedPre
                       f"{accelerators.describe()} lacks it, so training runs in fp16-mixed with loss scaling",
                       UserWarning, stacklevel=2)
     return _resolved("16-mixed", accelerators)
+
+
+def require_fp8_devices(accelerators: Accelerators) -> None:
+    """FP8 trains on NVIDIA GPUs of compute capability 8.9 or newer (Ada, Hopper, Blackwell), every
+    selected one: ValueError naming what this run has instead."""
+    if accelerators.kind != "cuda":
+        raise ValueError(f"amp_dtype='fp8' needs NVIDIA GPUs of compute capability {_FP8_CAPABILITY_TEXT} or "
+                         f"newer, not {accelerators.kind.upper()}; use amp_dtype='auto' there")
+    lacking = [f"{name} ({major}.{minor})" for name, (major, minor)
+               in zip(accelerators.names, accelerators.capabilities) if (major, minor) < FP8_CAPABILITY]
+    if lacking:
+        raise ValueError(f"amp_dtype='fp8' needs compute capability {_FP8_CAPABILITY_TEXT} or newer on every "
+                         f"selected GPU; {', '.join(lacking)} lack{'s' if len(lacking) == 1 else ''} it: use "
+                         f"amp_dtype='bf16' or select other GPUs with devices=")
 
 
 def _resolved(lightning: str, accelerators: Accelerators) -> ResolvedPrecision:
