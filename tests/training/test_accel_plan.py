@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from tiny_config import TINY
 
 from detrkit.config import ModelConfig, TrainConfig
+from detrkit.training.accel.compile import cpu_compile_decision
 from detrkit.training.accel.plan import DeviceFacts, log_plan, plan_acceleration, read_device_facts
 from detrkit.training.accel.precision import Accelerators
 
@@ -46,7 +47,8 @@ def test_compile_runs_on_cuda_only():
     assert not plan_acceleration(model(compile=False), train(), facts()).compile
     on_cpu = plan_acceleration(model(compile=True), train(), facts(accelerators=CPU, precision="32-true"))
     assert not on_cpu.compile
-    assert texts(on_cpu) == ["compile=True is disabled: it only applies to CUDA training (this run trains on CPU)"]
+    assert texts(on_cpu) == [cpu_compile_decision()[1]]
+    assert texts(on_cpu)[0].startswith("compile=True is disabled on the CPU: measured slower there")
 
 
 def test_plain_runs_have_nothing_to_say():

@@ -43,6 +43,15 @@ def host_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.to(device, non_blocking=True)
 
 
+def l1_box_cost(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """(Q, T, 4) predicted and (T, 4) target boxes -> (Q, T) sums of absolute coordinate differences."""
+    return (pred - target).abs().sum(-1)
+
+
+# The box cost as the matcher calls it: `l1_box_cost` or a compiled form of it.
+BoxCost = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 def focal_class_cost(logits: torch.Tensor, alpha: float, gamma: float) -> torch.Tensor:
     """Focal-loss difference between labelling a query positive and negative, elementwise on the
     logits of the targets' classes."""
@@ -74,8 +83,10 @@ class HungarianMatcher:
     """Matches each query group to the targets of each image at minimal focal + L1 + GIoU cost."""
 
     def __init__(self, cost_class: float = 2.0, cost_bbox: float = 5.0, cost_giou: float = 2.0,
-                 focal_alpha: float = 0.25, focal_gamma: float = 2.0, solver: str | None = None) -> None:
+                 focal_alpha: float = 0.25, focal_gamma: float = 2.0, solver: str | None = None,
+                 box_cost: BoxCost = l1_box_cost) -> None:
         self.cost_class, self.cost_bbox, self.cost_giou = cost_class, cost_bbox, cost_giou
+        self.box_cost = box_cost
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
         solver = solver or DEFAULT_SOLVER
         if solver not in SOLVERS:
@@ -91,7 +102,7 @@ class HungarianMatcher:
         class_logits = logits[image, :, labels].T  # (Q, T)
         pred = boxes[image].transpose(0, 1)  # (Q, T, 4)
         target_boxes = target_boxes.to(boxes.dtype)
-        box_cost = (pred - target_boxes).abs().sum(-1)
+        box_cost = self.box_cost(pred, target_boxes)
         giou_cost = -elementwise_generalized_box_iou(cxcywh_to_xyxy(pred), cxcywh_to_xyxy(target_boxes))
         class_cost = focal_class_cost(class_logits, self.focal_alpha, self.focal_gamma)
         return self.cost_bbox * box_cost + self.cost_class * class_cost + self.cost_giou * giou_cost

@@ -40,6 +40,13 @@ class Embeddings(nn.Module):
         grid = round(table.shape[0] ** 0.5)
         if (rows, cols) == (grid, grid):
             return table
+        return self._resized_position_embeddings(rows, cols)
+
+    # An eager island under torch.compile: symbolic shapes break the antialiased-bicubic backward.
+    @torch.compiler.disable
+    def _resized_position_embeddings(self, rows: int, cols: int) -> torch.Tensor:
+        """The patch grid's embeddings bicubically resized to (rows * cols, C); cached outside autograd."""
+        table = self.position_embeddings[0, 1:]
         key = (rows, cols, table._version, table.data_ptr(), table.dtype)
         if not torch.is_grad_enabled() and self._pos_cache is not None and self._pos_cache[0] == key:
             return self._pos_cache[1]

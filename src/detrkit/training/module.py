@@ -16,6 +16,7 @@ from detrkit.models.detector import Detector
 from detrkit.models.postprocess import top_detections
 from detrkit.ops.boxes import cxcywh_to_xyxy
 from detrkit.structures import Batch, Target
+from detrkit.training.accel.compile import compile_detector, compile_mode, compiled_box_cost
 from detrkit.training.accel.cuda_graphs import GraphedTrainingForward, graphed_forward
 from detrkit.training.accel.plan import AccelerationPlan
 from detrkit.training.accel.precision import fused_adamw_applies
@@ -57,6 +58,12 @@ class RFDETRModelModule(pl.LightningModule):
             self.class_names = getattr(self.trainer.datamodule, "class_names", None)
 
     def on_fit_start(self) -> None:
+        if self.plan is not None and self.plan.compile:  # in place, lazily: kernels build on the first step
+            mode = compile_mode(self.model_config, self.train_config)
+            rank_zero_info(mode.reason)
+            compile_detector(self.model, mode, cuda_graph_trees=self.plan.cuda_graphs == "inductor")
+            if self.device.type == "cuda":  # the matcher's L1 cost, compiled on its own (spec 16.2)
+                self.criterion.matcher.box_cost = compiled_box_cost()
         self._train_forward = graphed_forward(self.model, self.plan, self.trainer.precision_plugin)
         config, processes = self.train_config, self.trainer.world_size
         rank_zero_info(f"effective batch: {config.batch_size} per process x {config.grad_accum_steps} accumulation "

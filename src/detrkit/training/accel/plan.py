@@ -16,6 +16,7 @@ from typing import Literal
 import torch
 
 from detrkit.config import ModelConfig, TrainConfig
+from detrkit.training.accel.compile import cpu_compile_decision
 from detrkit.training.accel.fp8 import FP8_BACKENDS, choose_fp8_backend
 from detrkit.training.accel.precision import Accelerators, require_fp8_devices, resolve_precision
 
@@ -91,6 +92,11 @@ def log_plan(plan: AccelerationPlan) -> None:
 def _compile(model_config: ModelConfig, facts: DeviceFacts, messages: list) -> bool:
     if not model_config.compile:
         return False
+    if facts.accelerators.kind == "cpu":
+        enabled, reason = cpu_compile_decision()
+        if not enabled:
+            messages.append((logging.INFO, reason))
+        return enabled
     if facts.accelerators.kind != "cuda":
         messages.append((logging.INFO, f"compile=True is disabled: it only applies to CUDA training (this run "
                                        f"trains on {facts.accelerators.kind.upper()})"))
