@@ -14,7 +14,7 @@ from detrkit.config import TrainConfig
 from detrkit.datasets.synthetic import make_synthetic_dataset
 from detrkit.training.accel.precision import (
     Accelerators,
-    _cuda_indices,
+    device_indices,
     fused_adamw_applies,
     resolve_precision,
     selected_accelerators,
@@ -79,12 +79,12 @@ def test_fused_adamw_only_on_cuda_without_a_scaler():
 
 
 def test_gpu_selection_follows_devices():
-    assert _cuda_indices(2, 4) == [0, 1]
-    assert _cuda_indices("auto", 3) == [0, 1, 2]
-    assert _cuda_indices(-1, 2) == [0, 1]
-    assert _cuda_indices("0,2", 4) == [0, 2]
-    assert _cuda_indices([3], 4) == [3]
-    assert _cuda_indices("1", 4) == [0]
+    assert device_indices(2, 4) == [0, 1]
+    assert device_indices("auto", 3) == [0, 1, 2]
+    assert device_indices(-1, 2) == [0, 1]
+    assert device_indices("0,2", 4) == [0, 2]
+    assert device_indices([3], 4) == [3]
+    assert device_indices("1", 4) == [0]
 
 
 def test_cpu_accelerators_on_this_machine():

@@ -17,7 +17,12 @@ from detrkit.config import ModelConfig, TrainConfig
 from detrkit.datasets.transforms import multi_scale_sizes
 from detrkit.losses.criterion import build_criterion
 from detrkit.structures import Batch, Target
-from detrkit.training.accel.precision import fused_adamw_applies, resolve_precision, selected_accelerators
+from detrkit.training.accel.precision import (
+    device_indices,
+    fused_adamw_applies,
+    resolve_precision,
+    selected_accelerators,
+)
 from detrkit.training.trainer import launched_topology
 
 logger = logging.getLogger(__name__)
@@ -173,16 +178,7 @@ def process_count(devices: int | str | list[int], num_nodes: int) -> int:
     """Training processes: GPUs per node (a count, -1 or "auto" for every visible one, indices, or
     "0,1") times nodes, as launched (torchrun's counts win, as in build_trainer)."""
     topology = launched_topology(devices, num_nodes)
-    devices = topology["devices"]
-    if isinstance(devices, str):
-        text = devices.strip()
-        if text in ("auto", "-1"):
-            devices = -1
-        else:
-            devices = [part for part in text.split(",") if part.strip()] if "," in text else int(text)
-    per_node = len(devices) if isinstance(devices, list) else devices
-    if per_node == -1:
-        per_node = torch.cuda.device_count()
+    per_node = len(device_indices(topology["devices"], torch.cuda.device_count()))
     return max(1, per_node) * topology["num_nodes"]
 
 

@@ -42,8 +42,7 @@ def build_trainer(train_config: TrainConfig, plan: AccelerationPlan | None = Non
     `plan_run`) carries the precision, FP8 and CUDA-graph decisions that need the model config;
     without one the precision is resolved from amp_dtype alone (FP8 needs a plan)."""
     output = Path(train_config.output_dir)
-    topology = launched_topology(train_config.devices, train_config.num_nodes)
-    accelerators = selected_accelerators(_accelerator(train_config), topology["devices"])
+    topology, accelerators = _placement(train_config)
     callbacks = [RetainHeap(), TensorFloat32(), ValidateLastEpoch(), EpochSummary(), *run_callbacks(train_config),
                  *trainer_kwargs.pop("callbacks", [])]
     if plan is not None and plan.cuda_graphs == "inductor":
@@ -77,8 +76,7 @@ def build_trainer(train_config: TrainConfig, plan: AccelerationPlan | None = Non
 def plan_run(model_config: ModelConfig, train_config: TrainConfig, trainer_kwargs: dict[str, Any]) -> AccelerationPlan:
     """Compile, CUDA graphs, FP8 and precision for this run, decided once from the configs and
     this machine; fallbacks are logged, contradictions raise before anything is written."""
-    topology = launched_topology(train_config.devices, train_config.num_nodes)
-    accelerators = selected_accelerators(_accelerator(train_config), topology["devices"])
+    topology, accelerators = _placement(train_config)
     facts = read_device_facts(train_config, accelerators, devices=topology["devices"],
                               num_nodes=topology["num_nodes"], precision=trainer_kwargs.get("precision"),
                               accumulate_grad_batches=trainer_kwargs.get("accumulate_grad_batches"))
@@ -136,6 +134,12 @@ def split_train_kwargs(kwargs: dict[str, Any]) -> tuple[TrainConfig, dict[str, A
     return TrainConfig(**fields), passthrough
 
 
+def _placement(train_config: TrainConfig) -> tuple[dict[str, Any], Accelerators]:
+    """Lightning's devices and num_nodes (after torchrun) and the accelerators they select."""
+    topology = launched_topology(train_config.devices, train_config.num_nodes)
+    return topology, selected_accelerators(_accelerator(train_config), topology["devices"])
+
+
 def _precision(train_config: TrainConfig, accelerators: Accelerators, plan: AccelerationPlan | None,
                given: Any) -> dict[str, Any]:
     """The Trainer's precision arguments for amp_dtype on these devices, logged once: `precision=`,
@@ -146,6 +150,9 @@ def _precision(train_config: TrainConfig, accelerators: Accelerators, plan: Acce
     if plan is not None and plan.fp8_backend is not None:
         rank_zero_info(f"precision: fp8 through {plan.fp8_backend} on {accelerators.describe()}")
         return FP8_BACKENDS[plan.fp8_backend].trainer_precision()
+    if plan is not None:  # resolved when the run was planned
+        rank_zero_info(f"precision: {plan.precision} on {accelerators.describe()}")
+        return {"precision": plan.precision}
     if train_config.amp_dtype == "fp8" and accelerators.kind == "cuda":
         raise ValueError("amp_dtype='fp8' is planned with the model (its layers are converted): train with "
                          "RFDETR.train(), or pass plan=plan_run(model_config, train_config, {}) to build_trainer")

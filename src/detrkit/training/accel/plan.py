@@ -18,7 +18,7 @@ import torch
 from detrkit.config import ModelConfig, TrainConfig
 from detrkit.training.accel.compile import cpu_compile_decision
 from detrkit.training.accel.fp8 import FP8_BACKENDS, choose_fp8_backend
-from detrkit.training.accel.precision import Accelerators, require_fp8_devices, resolve_precision
+from detrkit.training.accel.precision import Accelerators, device_indices, require_fp8_devices, resolve_precision
 
 logger = logging.getLogger(__name__)
 
@@ -250,7 +250,7 @@ def read_device_facts(train_config: TrainConfig, accelerators: Accelerators, *, 
     if precision is None:
         backend = choose_fp8_backend(train_config.fp8_backend, te_version is not None, torchao)
         precision = resolve_precision(train_config.amp_dtype, accelerators, backend).lightning
-    per_node = len(accelerators.names) if accelerators.kind == "cuda" else _count(devices)
+    per_node = len(accelerators.names) if accelerators.kind == "cuda" else max(1, len(device_indices(devices, 1)))
     return DeviceFacts(accelerators, str(precision), devices, num_nodes, per_node * num_nodes,
                        accumulate_grad_batches or train_config.grad_accum_steps,
                        hasattr(torch.compiler, "cudagraph_mark_step_begin"), te_version, te_error, te_graph_api,
@@ -271,12 +271,3 @@ def _probe_transformer_engine() -> tuple[str | None, str, bool]:
         found = getattr(te, "__version__", "unknown")
     graph_api = "clone_param_grads_on_return" in inspect.signature(te.make_graphed_callables).parameters
     return found, "", graph_api
-
-
-def _count(devices: int | str | list[int]) -> int:
-    if isinstance(devices, list):
-        return len(devices)
-    if isinstance(devices, str):
-        text = devices.strip()
-        return len([p for p in text.split(",") if p.strip()]) if "," in text else (1 if text == "auto" else int(text))
-    return max(devices, 1)

@@ -122,7 +122,8 @@ def selected_accelerators(accelerator: str, devices: int | str | list[int]) -> A
     and `devices` (a count, indices, "auto", or "0,1"), read from this machine."""
     accelerator = accelerator.lower()
     if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
-        indices = _cuda_indices(devices, torch.cuda.device_count())
+        available = torch.cuda.device_count()
+        indices = [i for i in device_indices(devices, available) if i < available] or [0]
         return Accelerators("cuda", tuple(torch.cuda.get_device_name(i) for i in indices),
                             tuple(torch.cuda.get_device_capability(i) for i in indices),
                             rocm=torch.version.hip is not None)
@@ -132,9 +133,9 @@ def selected_accelerators(accelerator: str, devices: int | str | list[int]) -> A
     return Accelerators("cpu" if accelerator in ("auto", "gpu", "cuda", "mps") else accelerator)
 
 
-def _cuda_indices(devices: int | str | list[int], available: int) -> list[int]:
-    """GPU indices Lightning selects: a count takes the first n (-1 or "auto": all), a list or
-    "0,2" names them."""
+def device_indices(devices: int | str | list[int], available: int) -> list[int]:
+    """Device indices Lightning selects from `devices`: a count n takes the first n (-1 or "auto":
+    all `available`), a list or "0,2" names them."""
     if isinstance(devices, str):
         devices = devices.strip()
         if devices in ("auto", "-1"):
@@ -144,7 +145,7 @@ def _cuda_indices(devices: int | str | list[int], available: int) -> list[int]:
         else:
             devices = int(devices)
     if isinstance(devices, int):
-        return list(range(available if devices == -1 else min(devices, available))) or [0]
+        return list(range(available if devices == -1 else devices))
     return list(devices)
 
 
