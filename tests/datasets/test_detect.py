@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+from tiny_data import ultralytics_yolo
 
 from detrkit.config import ModelConfig, TrainConfig
 from detrkit.datasets.detect import build_datasets, detect_format
@@ -65,3 +66,21 @@ def test_class_names_must_match_the_data_set(roboflow_dir, tiny_kwargs):
         build_datasets(config, ModelConfig(**tiny_kwargs))
     config = TrainConfig(dataset_dir=str(roboflow_dir), class_names=["cat", "dog"])
     assert build_datasets(config, ModelConfig(**tiny_kwargs)).class_names == ["cat", "dog"]
+
+
+@pytest.mark.parametrize("layout", ["roboflow", "ultralytics"])
+def test_both_yolo_layouts_build_from_the_dataset_dir_alone(yolo_dir, tmp_path, tiny_kwargs, layout):
+    if layout == "ultralytics":
+        yolo_dir = ultralytics_yolo(tmp_path / "ultra", "path: .\ntrain: images/train\nval: images/val\n"
+                                    "names: {0: cat, 1: dog}\nnc: 2\n")
+    assert detect_format(yolo_dir) == "yolo"
+    splits = build_datasets(TrainConfig(dataset_dir=str(yolo_dir), multi_scale="off"), ModelConfig(**tiny_kwargs))
+    assert (splits.class_names, splits.num_classes, len(splits.train), len(splits.valid)) == (["cat", "dog"], 2, 2, 2)
+    assert splits.valid[0][1].labels.tolist() == [0, 1] and splits.valid[0][0].shape == (3, 64, 64)
+    assert [image["id"] for image in splits.valid.coco_ground_truth()["images"]] == [0, 1]
+
+
+def test_yolo_train_entry_that_resolves_to_nothing_fails_in_build_datasets(tmp_path, tiny_kwargs):
+    root = ultralytics_yolo(tmp_path / "ultra", "train: images/missing\nval: images/val\nnames: [cat, dog]\n")
+    with pytest.raises(FileNotFoundError, match=re.escape(f"resolves to {root / 'images/missing'}, which does not")):
+        build_datasets(TrainConfig(dataset_dir=str(root)), ModelConfig(**tiny_kwargs))

@@ -36,3 +36,19 @@ def coco_file(folder: Path, annotations: list[dict], categories: list[dict] | No
 
 def annotation(ident: int, bbox: list[float], category_id: int = 1, image_id: int = 1, **extra) -> dict:
     return {"id": ident, "image_id": image_id, "category_id": category_id, "bbox": bbox, **extra}
+
+
+# a.png's labels in the YOLO fixtures: a box and a polygon (bounds x 0.1..0.3, y 0.2..0.6)
+YOLO_LABELS = "0 0.5 0.5 0.2 0.4\n1 0.1 0.2 0.3 0.2 0.2 0.6\n"
+
+
+def ultralytics_yolo(root: Path, data_yaml: str, splits: tuple[str, ...] = ("train", "val")) -> Path:
+    """Ultralytics layout: images/<split>/{a,b}.png (100x50), labels/<split>/a.txt, and data.yaml
+    with the given text; b.png is background."""
+    for split in splits:
+        write_image(root / "images" / split / "a.png", 100, 50)
+        write_image(root / "images" / split / "b.png", 100, 50, seed=1)
+        (root / "labels" / split).mkdir(parents=True)
+        (root / "labels" / split / "a.txt").write_text(YOLO_LABELS)
+    (root / "data.yaml").write_text(data_yaml)
+    return root

@@ -1,9 +1,16 @@
-"""Read YOLO-format folders (data.yaml plus <split>/images and <split>/labels) into detection datasets."""
+"""Read YOLO data sets (a data.yaml naming classes and split images; label .txt files) into detection datasets.
+
+Two layouts: Roboflow's `<split>/images` + `<split>/labels`, and Ultralytics' `images/<split>` +
+`labels/<split>` with `train:`/`val:`/`test:` in data.yaml naming folders, list files of image
+paths, or lists of either. An image's label file swaps the rightmost `images` path segment for
+`labels` and the extension for `.txt`, as Ultralytics does.
+"""
 
 from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -13,51 +20,191 @@ from detrkit.datasets.detection import DetectionDataset, ImageRecord, SampleTran
 
 YAML_FILES = ("data.yaml", "data.yml")
 IMAGE_EXTENSIONS = frozenset({".bmp", ".dng", ".jpg", ".jpeg", ".mpo", ".png", ".tif", ".tiff", ".webp"})
-SPLIT_FOLDERS = {"train": ("train",), "valid": ("valid", "val"), "test": ("test",)}
+# split -> data.yaml keys that declare it, in the order they are read
+SPLIT_KEYS = {"train": ("train",), "valid": ("val", "valid"), "test": ("test",)}
+# split -> image folders tried (below the base) when data.yaml declares none
+CONVENTIONS = {"train": ("train/images", "images/train"),
+               "valid": ("valid/images", "val/images", "images/val", "images/valid"),
+               "test": ("test/images", "images/test")}
+
+
+@dataclass
+class YoloConfig:
+    """What a data.yaml says: its class names, the folder relative entries start from, and the
+    entries (folders or list files) declared for each split that declares any."""
+
+    file: Path
+    names: list[str]
+    base: Path
+    entries: dict[str, list[str]]
 
 
 class YoloDetection(DetectionDataset):
-    """One split folder: images in `split_dir/images`, `<stem>.txt` labels in `split_dir/labels`;
-    an image without a label file is background. Image ids count images in name order."""
+    """The given images with their YOLO label files; an image without a label file is background.
+    Image ids count the images in the order given."""
 
-    def __init__(self, split_dir: str | os.PathLike, class_names: list[str], transform: SampleTransform) -> None:
-        split_dir = Path(split_dir)
-        image_dir, label_dir = split_dir / "images", split_dir / "labels"
-        for folder in (image_dir, label_dir):
-            if not folder.is_dir():
-                raise FileNotFoundError(f"YOLO split folder {folder} does not exist")
-        images = sorted(p for p in image_dir.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
-        records, degenerate = [], 0
+    def __init__(self, images: list[Path], class_names: list[str], transform: SampleTransform) -> None:
+        records, degenerate, labelled = [], {}, 0
         for image_id, image in enumerate(images):
-            boxes, labels, dropped = read_label_file(label_dir / f"{image.stem}.txt", len(class_names))
-            degenerate += dropped
+            label_file = label_path(image)
+            labelled += label_file.is_file()
+            boxes, labels, dropped = read_label_file(label_file, len(class_names))
+            if dropped:
+                degenerate[label_file] = dropped
             records.append(ImageRecord(path=image, image_id=image_id, boxes=boxes, labels=labels,
                                        iscrowd=np.zeros(len(labels), dtype=bool)))
         if degenerate:
-            warnings.warn(f"dropped {degenerate} degenerate boxes (width or height <= 0 after clamping to "
-                          f"the image) in {label_dir}", stacklevel=2)
+            files = ", ".join(str(file) for file in list(degenerate)[:3]) + (" ..." if len(degenerate) > 3 else "")
+            warnings.warn(f"dropped {sum(degenerate.values())} degenerate boxes (width or height <= 0 after "
+                          f"clamping to the image) in {files}", stacklevel=2)
+        if images and not labelled:
+            warnings.warn(f"none of the {len(images)} images has a label file (looked for "
+                          f"{label_path(images[0])} and the like); all are background", stacklevel=2)
         super().__init__(records, class_names, transform)
+
+
+def label_path(image: Path) -> Path:
+    """The label file of an image: rightmost `images` folder swapped for `labels`, suffix `.txt`;
+    beside the image when no folder of its path is called `images`."""
+    folders = image.parts[:-1]
+    for index in range(len(folders) - 1, -1, -1):
+        if folders[index] == "images":
+            return Path(*folders[:index], "labels", *folders[index + 1:], image.name).with_suffix(".txt")
+    return image.with_suffix(".txt")
 
 
 def find_yaml(root: Path) -> Path | None:
     return next((root / name for name in YAML_FILES if (root / name).is_file()), None)
 
 
-def read_class_names(path: Path) -> list[str]:
-    """`names` of a data.yaml: a list, or a dict {index: name} with indices 0..N-1."""
+def read_yolo_config(path: Path) -> YoloConfig:
+    """Parse and check a data.yaml: `names` (list or index dict), `nc`, `path` and the split keys."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise ValueError(f"invalid YAML in {path}: {error}") from error
-    names = data.get("names") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping with a 'names' entry, got {type(data).__name__}")
+    names = _class_names(data.get("names"), path)
+    count = data.get("nc")
+    if count is not None and count != len(names):
+        raise ValueError(f"{path}: nc is {count} but 'names' lists {len(names)} classes")
+    entries = {}
+    for split, keys in SPLIT_KEYS.items():
+        key = next((key for key in keys if data.get(key) is not None), None)
+        if key is not None:
+            entries[split] = _split_entries(data[key], key, path)
+    return YoloConfig(path, names, _base_folder(data.get("path"), path), entries)
+
+
+def _class_names(names: object, path: Path) -> list[str]:
+    """`names` as a list, or as a dict {index: name} whose indices are 0..N-1."""
     if isinstance(names, dict):
-        if sorted(names) != list(range(len(names))):
+        # YAML reads `0: cat` as an int key and `"0": cat` as a str one; take both
+        indices = {int(key) if str(key).isascii() and str(key).isdigit() else key: name
+                   for key, name in names.items()}
+        if set(indices) != set(range(len(names))):
             raise ValueError(f"{path}: 'names' keys must be the indices 0..{len(names) - 1}, got {list(names)}")
-        names = [names[index] for index in range(len(names))]
+        names = [indices[index] for index in range(len(names))]
     if not isinstance(names, list) or not names:
         raise ValueError(f"{path} needs a 'names' entry: a list of class names or a dict "
                          f"{{index: name}}, got {names!r}")
     return [str(name) for name in names]
+
+
+def _split_entries(value: object, key: str, path: Path) -> list[str]:
+    entries = value if isinstance(value, list) else [value]
+    if not entries or not all(isinstance(entry, str) and entry.strip() for entry in entries):
+        raise ValueError(f"{path}: '{key}' must be a folder or list file path, or a list of them, got {value!r}")
+    return [entry.strip() for entry in entries]
+
+
+def _base_folder(declared: object, path: Path) -> Path:
+    """`path:` (relative to the YAML's folder when relative), or the YAML's folder when absent;
+    a `path:` that is not a folder (a data set moved since) falls back to the YAML's folder."""
+    if declared is None or declared == "":
+        return path.parent
+    base = Path(str(declared)).expanduser()
+    base = base if base.is_absolute() else path.parent / base
+    if base.is_dir():
+        return base
+    warnings.warn(f"{path}: path {declared!r} ({base}) is not a folder; resolving the splits "
+                  f"against {path.parent} instead", stacklevel=3)
+    return path.parent
+
+
+def split_images(config: YoloConfig, split: str) -> list[Path] | None:
+    """The sorted images of a split: from its data.yaml entries, else from the first existing
+    convention folder; None when neither gives any."""
+    if split not in config.entries:
+        folder = next((config.base / f for f in CONVENTIONS[split] if (config.base / f).is_dir()), None)
+        return None if folder is None else _folder_images(folder, f"{split} folder {folder}")
+    images = []
+    for entry in config.entries[split]:
+        images += _entry_images(config, split, entry)
+    return sorted(images, key=str)
+
+
+def _entry_images(config: YoloConfig, split: str, entry: str) -> list[Path]:
+    where = f"{config.file}: {split} entry {entry!r}"
+    path = _resolve(config.base, entry)
+    if path.is_dir():
+        return _folder_images(path, f"{where} (folder {path})")
+    if path.is_file():
+        return _listed_images(path, config.base, where)
+    raise FileNotFoundError(f"{where} resolves to {path}, which does not exist")
+
+
+def _resolve(base: Path, entry: str) -> Path:
+    """An entry relative to the base; a leading '../' that leads nowhere is dropped, as Ultralytics
+    does for Roboflow exports ('train: ../train/images' beside the train folder)."""
+    path = Path(entry).expanduser()
+    if path.is_absolute():
+        return path
+    if not (base / path).exists() and entry.startswith("../"):
+        retry = base / entry[3:]
+        if retry.exists():
+            return retry
+    return base / path
+
+
+def _folder_images(folder: Path, where: str) -> list[Path]:
+    """The images anywhere below a folder, symlinked folders followed, in path order."""
+    images, seen = [], set()
+    for current, folders, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(current)
+        if real in seen:  # a symlink loop: stop descending
+            folders.clear()
+            continue
+        seen.add(real)
+        images += [Path(current) / name for name in files if Path(name).suffix.lower() in IMAGE_EXTENSIONS]
+    if not images:
+        raise FileNotFoundError(f"{where} holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))})")
+    return sorted(images, key=str)
+
+
+def _listed_images(list_file: Path, base: Path, where: str) -> list[Path]:
+    """The images a list file names, one a line: absolute, './'-relative to the list file's
+    folder (as Ultralytics writes them) or relative to the base."""
+    try:
+        lines = list_file.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{where}: list file {list_file} is not UTF-8 text: {error}") from error
+    images = []
+    for number, line in enumerate(lines, start=1):
+        entry = line.strip()
+        if not entry:
+            continue
+        image = list_file.parent / entry[2:] if entry.startswith("./") else _resolve(base, entry)
+        if not image.is_file():
+            raise FileNotFoundError(f"{where}: {list_file} line {number} names {image}, which does not exist")
+        if image.suffix.lower() not in IMAGE_EXTENSIONS:
+            raise ValueError(f"{where}: {list_file} line {number} names {image}, which is not an image "
+                             f"({', '.join(sorted(IMAGE_EXTENSIONS))})")
+        images.append(image)
+    if not images:
+        raise FileNotFoundError(f"{where}: list file {list_file} names no images")
+    return images
 
 
 def read_label_file(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -105,18 +252,35 @@ def _parse_line(line: str, path: Path, number: int, num_classes: int) -> tuple[i
 
 def yolo_splits(root: Path, train_transform: SampleTransform, eval_transform: SampleTransform,
                 ) -> tuple[YoloDetection, YoloDetection, YoloDetection | None]:
-    """train and valid (or val) are required, test is optional; names from data.yaml / data.yml."""
+    """train and valid are required, test is optional. Every split's images are found (and
+    every declared entry checked) before any label file is read."""
     yaml_file = find_yaml(root)
     if yaml_file is None:
         raise FileNotFoundError(f"no {' or '.join(YAML_FILES)} in YOLO data set {root}")
-    names = read_class_names(yaml_file)
-    folders = {split: next((root / f for f in options if (root / f).is_dir()), None)
-               for split, options in SPLIT_FOLDERS.items()}
-    for split in ("train", "valid"):
-        if folders[split] is None:
-            looked = " or ".join(str(root / f) for f in SPLIT_FOLDERS[split])
-            raise FileNotFoundError(f"YOLO data set {root} has no {split} split: looked for {looked}")
-    train = YoloDetection(folders["train"], names, train_transform)
-    valid = YoloDetection(folders["valid"], names, eval_transform)
-    test = YoloDetection(folders["test"], names, eval_transform) if folders["test"] else None
+    config = read_yolo_config(yaml_file)
+    images = {split: _required_split(config, split) for split in ("train", "valid")}
+    images["test"] = _optional_split(config)
+    train = YoloDetection(images["train"], config.names, train_transform)
+    valid = YoloDetection(images["valid"], config.names, eval_transform)
+    test = YoloDetection(images["test"], config.names, eval_transform) if images["test"] else None
     return train, valid, test
+
+
+def _required_split(config: YoloConfig, split: str) -> list[Path]:
+    images = split_images(config, split)
+    if images is None:
+        looked = " or ".join(str(config.base / folder) for folder in CONVENTIONS[split])
+        keys = " or ".join(f"'{key}:'" for key in SPLIT_KEYS[split])
+        raise FileNotFoundError(f"YOLO data set {config.file.parent} has no {split} split: {config.file} "
+                                f"declares no {keys} and none of {looked} exists")
+    return images
+
+
+def _optional_split(config: YoloConfig) -> list[Path] | None:
+    """The test split; one declared but missing (Roboflow writes 'test:' even without a test
+    folder) is skipped with a warning rather than failing training."""
+    try:
+        return split_images(config, "test")
+    except FileNotFoundError as error:
+        warnings.warn(f"skipping the test split: {error}", stacklevel=3)
+        return None
