@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -198,11 +197,16 @@ def test_default_threshold_is_one_half(tiny_kwargs):
     assert set(detections.class_id.tolist()) == {2}
 
 
-def test_empty_result_still_carries_the_data_columns(tiny_kwargs):
-    detections = tiny(tiny_kwargs).predict(photo(50, 80), threshold=1.0)
-    assert len(detections) == 0
-    assert detections.xyxy.shape == (0, 4)
-    assert len(detections.data["class_name"]) == 0
+@pytest.mark.parametrize("threshold, count", [(1.0, 0), (0.0, 12)], ids=["empty", "full"])
+def test_empty_and_full_results_have_the_same_dtypes(tiny_kwargs, threshold, count):
+    detections = tiny(tiny_kwargs).predict(photo(50, 80), threshold=threshold)
+    assert len(detections) == count
+    assert detections.xyxy.shape == (count, 4) and detections.xyxy.dtype == np.float32
+    assert detections.confidence.shape == (count,) and detections.confidence.dtype == np.float32
+    assert detections.class_id.shape == (count,) and detections.class_id.dtype == np.int64
+    assert detections.data["class_name"].shape == (count,) and detections.data["class_name"].dtype == object
+    assert detections.data["source_shape"].shape == (count, 2)
+    assert detections.data["source_shape"].dtype == np.int64
 
 
 def test_class_names_come_from_the_checkpoint_with_background_last(tiny_kwargs, tmp_path):

@@ -3,8 +3,10 @@
 Importing the package is light: model classes load torch, never Lightning.
 """
 
+from detrkit.datasets.coco_categories import COCO_CATEGORIES, COCO_CLASS_NAMES
 from detrkit.detr import RFDETR, from_checkpoint
 from detrkit.variants import RFDETRLarge, RFDETRMedium, RFDETRNano, RFDETRSmall
+from detrkit.version import __version__
 
-__all__ = ["RFDETR", "RFDETRLarge", "RFDETRMedium", "RFDETRNano", "RFDETRSmall", "from_checkpoint"]
-__version__ = "0.1.0"
+__all__ = ["COCO_CATEGORIES", "COCO_CLASS_NAMES", "RFDETR", "RFDETRLarge", "RFDETRMedium", "RFDETRNano",
+           "RFDETRSmall", "__version__", "from_checkpoint"]

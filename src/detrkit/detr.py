@@ -5,15 +5,17 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 
-from detrkit.config import ModelConfig
+from detrkit.config import ModelConfig, TrainConfig
 from detrkit.datasets.coco_categories import COCO_CATEGORIES
-from detrkit.datasets.images import BatchPreparer, ImageInput, to_tensor
+from detrkit.datasets.images import BatchPreparer, ImageInput, to_source_image, to_tensor
+from detrkit.datasets.sources import open_source
 from detrkit.models.build import build_model
 from detrkit.models.download import resolve_weights
 from detrkit.models.postprocess import top_detections
@@ -34,6 +36,7 @@ class RFDETR:
     """
 
     config_class: ClassVar[type[ModelConfig]] = ModelConfig
+    train_config_class: ClassVar[type[TrainConfig]] = TrainConfig
 
     def __init__(self, **kwargs: Any) -> None:
         config = self.config_class(**kwargs)
@@ -49,30 +52,50 @@ class RFDETR:
             self.class_names = checkpoint.class_names
         self.model.to(config.device).eval()
         self._preparers: dict[tuple[int, int], BatchPreparer] = {}
+        # rfdetr's hook dictionary: event -> functions called during train() (training.callbacks.user_hooks)
+        self.callbacks: dict[str, list[Callable[..., Any]]] = defaultdict(list)
 
     @property
     def device(self) -> torch.device:
         return torch.device(self.model_config.device)
 
-    def predict(self, images: ImageInput | Sequence[ImageInput], threshold: float = 0.5,
-                shape: tuple[int, int] | None = None) -> sv.Detections | list[sv.Detections]:
-        """Detect objects; one `supervision.Detections` per image (a list for list input).
+    def predict(self, images: ImageInput | Sequence[ImageInput] | Iterator[ImageInput], threshold: float = 0.5,
+                shape: tuple[int, int] | None = None, *, batch: int | None = None, stream: bool = False,
+                vid_stride: int = 1, include_source_image: bool = True,
+                ) -> sv.Detections | list[sv.Detections] | Iterator[sv.Detections]:
+        """Detect objects; one `supervision.Detections` per image or video frame.
 
-        Images are paths, PIL images, HWC uint8 arrays or CHW float tensors in [0, 1]; all are
-        resized to `shape` (default: the model resolution) and run as one batch.
+        Sources: an image (path, PIL image, HWC uint8 RGB array, CHW tensor: uint8 or float in
+        [0, 1]) gives one Detections; a directory (its images, by name), a glob ("imgs/*.jpg"), a
+        video file, a list or tuple of any of these, or an iterator of images give a list.
+        Keywords: `threshold` (strict); `shape` (H, W) to resize to (default: the resolution);
+        `batch` images per forward pass (default: a list of images at once, anything else one
+        at a time); `stream=True` returns a generator that reads each image only when its batch
+        is due; `vid_stride=N` keeps every N-th video frame; `include_source_image` stores the
+        HWC uint8 image in `detections.metadata["source_image"]`. Missing paths raise at once.
         """
-        single = not isinstance(images, (list, tuple))
-        items = [images] if single else list(images)
-        tensors = [to_tensor(image, self.model_config.num_channels) for image in items]
+        source = open_source(images, batch=batch, vid_stride=vid_stride)
+        preparer = self._preparer(shape)
+        results = (detections for chunk in source.batches()
+                   for detections in self._detect_batch(chunk, threshold, preparer, include_source_image))
+        if stream:
+            return results
+        return next(results) if source.single else list(results)
+
+    def _detect_batch(self, images: list[ImageInput], threshold: float, preparer: BatchPreparer,
+                      include_source_image: bool) -> list[sv.Detections]:
+        """One forward pass over `images`, each resized by `preparer`."""
+        tensors = [to_tensor(image, self.model_config.num_channels) for image in images]
         sizes = torch.tensor([t.shape[-2:] for t in tensors])
         with torch.inference_mode():
             self.model.eval()
             with self._inference_autocast():
-                outputs = self.model(self._preparer(shape)(tensors))
+                outputs = self.model(preparer(tensors))
             results = top_detections(outputs.pred_logits.float(), outputs.pred_boxes.float(), sizes.to(self.device),
                                      self.model_config.num_select)
-        detections = [self._to_detections(r, threshold, tuple(s.tolist())) for r, s in zip(results, sizes)]
-        return detections[0] if single else detections
+        return [self._to_detections(result, threshold, tuple(size.tolist()),
+                                    to_source_image(tensor) if include_source_image else None)
+                for result, size, tensor in zip(results, sizes, tensors)]
 
     def _inference_autocast(self) -> torch.autocast:
         """Autocast to the config's inference_dtype ("fp32": off); scores and boxes leave in fp32."""
@@ -88,18 +111,21 @@ class RFDETR:
             self._preparers[size] = BatchPreparer(size, self.model_config.num_channels, self.device)
         return self._preparers[size]
 
-    def _to_detections(self, result: dict[str, torch.Tensor], threshold: float,
-                       source_shape: tuple[int, int]) -> sv.Detections:
+    def _to_detections(self, result: dict[str, torch.Tensor], threshold: float, source_shape: tuple[int, int],
+                       source_image: np.ndarray | None = None) -> sv.Detections:
+        """Detections above `threshold`; the same dtypes whether empty or not."""
         import supervision as sv  # heavy import, deferred so that `import detrkit` stays fast
 
         keep = result["scores"] > threshold
-        class_id = result["labels"][keep].cpu().numpy()
+        class_id = result["labels"][keep].cpu().numpy().astype(np.int64, copy=False)
         detections = sv.Detections(
-            xyxy=result["boxes"][keep].float().cpu().numpy(),
+            xyxy=result["boxes"][keep].float().cpu().numpy().reshape(-1, 4),
             confidence=result["scores"][keep].float().cpu().numpy(),
             class_id=class_id)
         detections.data["class_name"] = np.array([self.class_name(int(c)) for c in class_id], dtype=object)
-        detections.data["source_shape"] = np.array([source_shape] * len(class_id)).reshape(-1, 2)
+        detections.data["source_shape"] = np.tile(np.array(source_shape, dtype=np.int64), (len(class_id), 1))
+        if source_image is not None:
+            detections.metadata["source_image"] = source_image
         return detections
 
     def class_name(self, class_id: int) -> str:
@@ -112,6 +138,10 @@ class RFDETR:
         if class_id == num_classes:
             return "__background__"
         return names[class_id] if names is not None and class_id < len(names) else str(class_id)
+
+    def get_train_config(self, **kwargs: Any) -> TrainConfig:
+        """The TrainConfig that train(**kwargs) would use (Lightning Trainer arguments aside)."""
+        return self.train_config_class(**kwargs)
 
     def train(self, **kwargs: Any) -> None:
         """Fine-tune (or train from scratch) on a COCO or YOLO folder; see TrainConfig for options.
@@ -127,7 +157,11 @@ class RFDETR:
         from detrkit.training.run_record import carry_over_metrics
         from detrkit.training.trainer import plan_run, split_train_kwargs
 
+        from detrkit.training.callbacks.user_hooks import UserHooks
+
         train_config, trainer_kwargs = split_train_kwargs(kwargs)
+        if any(self.callbacks.values()):
+            trainer_kwargs["callbacks"] = [*trainer_kwargs.get("callbacks", []), UserHooks(self.callbacks)]
         train_config = self._settle_precision_and_batch(train_config)
         plan = plan_run(self.model_config, train_config, trainer_kwargs)
         datamodule = RFDETRDataModule(self.model_config, train_config)
@@ -195,19 +229,29 @@ class RFDETR:
         self.class_names = list(class_names)
 
 
-def from_checkpoint(path: str, **overrides: Any) -> RFDETR:
-    """Rebuild the model class and config a checkpoint was saved with, weights loaded."""
-    from detrkit.variants import model_class_for
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike, **overrides: Any) -> RFDETR:
+        """Rebuild the model a checkpoint was saved from (class, config and weights); keyword
+        arguments override saved config fields. The class comes from the checkpoint (its model
+        name, else its weights' or file's name), whichever class this is called on; `cls` is the
+        fallback when the checkpoint names none."""
+        from detrkit.variants import model_class_for
 
-    checkpoint = read_checkpoint(path)
-    saved = checkpoint.model_config or checkpoint.args
-    if not saved:
-        raise ValueError(f"{path} holds no model config or args to rebuild the model from; "
-                         "load it with pretrain_weights= on the right model class instead")
-    cls = model_class_for(checkpoint, path)
-    fields = set(cls.config_class.model_fields) - {"device", "pretrain_weights"}
-    kwargs = {k: v for k, v in saved.items() if k in fields}
-    kwargs["num_classes"] = checkpoint.num_logits - 1
-    kwargs.update(overrides)
-    kwargs["pretrain_weights"] = str(checkpoint.path)
-    return cls(**kwargs)
+        checkpoint = read_checkpoint(path)
+        saved = checkpoint.model_config or checkpoint.args
+        if not saved:
+            raise ValueError(f"{path} holds no model config or args to rebuild the model from; "
+                             "load it with pretrain_weights= on the right model class instead")
+        model_class = model_class_for(checkpoint, path)
+        model_class = cls if model_class is RFDETR else model_class
+        # the class count comes from the weights when not overridden, and train() may still adapt it
+        fields = set(model_class.config_class.model_fields) - {"device", "pretrain_weights", "num_classes"}
+        kwargs = {k: v for k, v in saved.items() if k in fields}
+        kwargs.update(overrides)
+        kwargs["pretrain_weights"] = str(checkpoint.path)
+        return model_class(**kwargs)
+
+
+def from_checkpoint(path: str | os.PathLike, **overrides: Any) -> RFDETR:
+    """`RFDETR.from_checkpoint`, as a function: the model class is read from the checkpoint."""
+    return RFDETR.from_checkpoint(path, **overrides)

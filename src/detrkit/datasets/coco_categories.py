@@ -16,3 +16,6 @@ COCO_CATEGORIES: dict[int, str] = {
     82: "refrigerator", 84: "book", 85: "clock", 86: "vase", 87: "scissors", 88: "teddy bear",
     89: "hair drier", 90: "toothbrush",
 }
+
+# the 80 names in category-id order (index i is the i-th category, not category id i)
+COCO_CLASS_NAMES: list[str] = [COCO_CATEGORIES[category_id] for category_id in sorted(COCO_CATEGORIES)]

@@ -55,6 +55,13 @@ def to_tensor(image: ImageInput, channels: int = 3) -> torch.Tensor:
     return tensor
 
 
+def to_source_image(tensor: torch.Tensor) -> np.ndarray:
+    """A CHW image from `to_tensor` as an HWC uint8 array of its own (floats scaled by 255, rounded)."""
+    if tensor.dtype != torch.uint8:
+        tensor = tensor.detach().float().mul(255).round_().clamp_(0, 255).to(torch.uint8)
+    return tensor.permute(1, 2, 0).cpu().numpy().copy()  # C order, never a view of the caller's array
+
+
 class BatchPreparer:
     """Resizes images to one size (bilinear, no antialias) and normalises; constants cached."""
 

@@ -21,8 +21,8 @@ from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_info
 
-import detrkit
 from detrkit.training.ema import portable_weights
+from detrkit.version import __version__
 
 BEST_REGULAR, BEST_EMA, BEST_TOTAL, LAST_EMA = (
     "checkpoint_best_regular.pth", "checkpoint_best_ema.pth", "checkpoint_best_total.pth", "last_ema.pth")
@@ -77,7 +77,7 @@ def run_metadata(pl_module: pl.LightningModule) -> dict[str, Any]:
         "model_config": pl_module.model_config.model_dump(mode="json"),
         "args": {**train_config, "class_names": pl_module.class_names},
         "class_names": pl_module.class_names,
-        "detrkit_version": detrkit.__version__,
+        "detrkit_version": __version__,
     }
 
 

@@ -9,6 +9,11 @@ from detrkit.training.coco_map import OnePassCocoMeanAveragePrecision
 from detrkit.training.confidence_sweep import sweep_confidence
 
 
+# torchmetrics keys of COCOeval's twelve summary numbers, in its order, less mar_<max dets> (the 9th)
+_COCO_STATS = ("map", "map_50", "map_75", "map_small", "map_medium", "map_large", "mar_1", "mar_10",
+               "mar_small", "mar_medium", "mar_large")
+
+
 class DetectionEvaluator:
     """Accumulates per-image detections and ground truth without host syncs; `compute()` moves
     everything to the CPU once and returns metric name -> value.
@@ -24,6 +29,7 @@ class DetectionEvaluator:
         self.class_names = None if class_names is None else list(class_names)
         self._detections: list[dict[str, torch.Tensor]] = []
         self._truth: list[dict[str, torch.Tensor]] = []
+        self.coco_stats: list[float] = []  # COCOeval's twelve summary numbers, set by compute()
 
     def add(self, detections: list[dict[str, torch.Tensor]], truth: list[dict[str, torch.Tensor]]) -> None:
         self._detections += [{k: v.detach() for k, v in d.items()} for d in detections]
@@ -56,6 +62,8 @@ class DetectionEvaluator:
                                                  sync_on_compute=False)  # gather() did that
         metric.update(detections, truth)
         result = metric.compute()
+        self.coco_stats = [float(result[key]) for key in _COCO_STATS[:8]] + [
+            float(result[f"mar_{self.max_dets}"])] + [float(result[key]) for key in _COCO_STATS[8:]]
         sweep = sweep_confidence(detections, truth)
         values = {"mAP_50_95": float(result["map"]), "mAP_50": float(result["map_50"]),
                   "mAP_75": float(result["map_75"]), "mAR": float(result[f"mar_{self.max_dets}"]),

@@ -52,6 +52,8 @@ class RFDETRModelModule(pl.LightningModule):
         self.train_scales = (multi_scale_sizes(model_config.resolution, block, train_config.expanded_scales)
                              if train_config.multi_scale == "per-batch" else None)
         self._evaluators: dict[str, DetectionEvaluator] = {}
+        # "val/", "val/ema_", "test/" -> COCOeval's twelve summary numbers of the last evaluation
+        self.coco_stats: dict[str, list[float]] = {}
 
     def setup(self, stage: str) -> None:
         if self.class_names is None and self.trainer is not None:  # a custom loop: the data set knows
@@ -80,6 +82,7 @@ class RFDETRModelModule(pl.LightningModule):
         # Lightning keeps submodules that were in eval mode before fit in eval mode; an RFDETR's
         # detector is, after predict(). Training must run all query groups.
         self.model.train()
+        self.coco_stats = {}
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         if self.train_scales:  # one scale per optimizer step, shared by its micro-batches
@@ -155,11 +158,13 @@ class RFDETRModelModule(pl.LightningModule):
             evaluator.gather()
         if not any(len(evaluator) for evaluator in evaluators.values()):
             return  # no batch anywhere (limit_val_batches=0, say)
-        scores = {key: evaluator.compute() for key, evaluator in evaluators.items()} if self.trainer.is_global_zero else None
+        scores = ({key: (evaluator.compute(), evaluator.coco_stats) for key, evaluator in evaluators.items()}
+                  if self.trainer.is_global_zero else None)
         scores = self.trainer.strategy.broadcast(scores, src=0)
         if f"{stage}/" not in scores and f"{stage}/ema_" in scores:
             scores[f"{stage}/"] = scores[f"{stage}/ema_"]  # EMA-only validation: the main keys show it
-        for prefix, values in scores.items():
+        self.coco_stats = {key: stats for key, (_, stats) in scores.items()}
+        for prefix, (values, _) in scores.items():
             for name, value in values.items():
                 self.log(prefix + name, value, sync_dist=False)
 

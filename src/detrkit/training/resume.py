@@ -17,7 +17,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from detrkit.models.weights import CheckpointError, read_checkpoint
+from detrkit.models.weights import SAFE_CLASSES, CheckpointError, read_checkpoint
 
 
 @dataclass
@@ -64,7 +64,8 @@ def open_resume_point(resume: str, output_dir: str, model: torch.nn.Module) -> R
         if checkpoint.weights[key].shape != tensor.shape:
             raise CheckpointError(f"{path} is a checkpoint of another architecture: {key} has shape "
                                   f"{tuple(checkpoint.weights[key].shape)}, the model {tuple(tensor.shape)}")
-    raw = torch.load(path, map_location="cpu", weights_only=True)
+    with torch.serialization.safe_globals(SAFE_CLASSES):  # published files keep their arguments as a Namespace
+        raw = torch.load(path, map_location="cpu", weights_only=True)
     full = bool(raw.get("optimizer_states")) and "loops" in raw
     return ResumePoint(path, full, raw)
 
