@@ -60,7 +60,8 @@ def test_per_class_ap_is_the_metrics_per_class_ap_under_the_class_names():
     expected = {f"AP/{NAMES[label]}": per_class[label] for label in range(3)}
     assert {key: value for key, value in result.items() if key.startswith("AP/")} == expected
     assert all(0.0 < value < 1.0 for value in expected.values())
-    assert result["mAP_50_95"] == pytest.approx(np.mean(list(expected.values())), abs=1e-12)
+    # float32 results, as torchmetrics returns them: the mean of rounded values is within 1e-7
+    assert result["mAP_50_95"] == pytest.approx(np.mean(list(expected.values())), abs=1e-7)
     assert result["mAP_50_95"] == reference["map"].item()
 
 

@@ -3,14 +3,14 @@
 `OnePassCocoMeanAveragePrecision` takes torchmetrics MeanAveragePrecision's arguments, inputs
 and output keys, and evaluates every class in the one COCOeval pass it needs for the aggregate
 numbers. All backends return the same numbers bit for bit, and those are pycocotools' own (to
-~1e-16, see `_LONE_TRUE_POSITIVE`): boxes become xywh in float64, detections keep their order
-(it breaks score ties), ids are 1-based, and the summary is COCOeval.summarize's arithmetic.
+~1e-16 in float64, see `_LONE_TRUE_POSITIVE`, then rounded to torchmetrics' float32): boxes
+become xywh in float64, detections keep their order (it breaks score ties), ids are 1-based,
+and the summary is COCOeval.summarize's arithmetic.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -72,11 +72,20 @@ class OnePassCocoMeanAveragePrecision(Metric):
     """torchmetrics' MeanAveragePrecision, evaluated by `backend` in a single COCOeval pass.
 
     `update(preds, targets)` takes per-image dicts: preds `boxes` (in `box_format`, pixels),
-    `scores`, `labels` and, for segm, `masks` (N, H, W); targets `boxes`, `labels`, optional
-    `iscrowd` and `area` (areas <= 0 are replaced by the box's, or for segm the mask's), and
-    `masks`. Box-only updates never synchronise with the device; masks are run-length encoded
-    on arrival. `compute()` returns float64 tensors under torchmetrics' keys (prefixed `bbox_`
-    and `segm_` when both IoU types are evaluated) and `classes`, the observed labels.
+    `scores`, integer `labels` and, for segm, `masks` (N, H, W); targets `boxes`, `labels`,
+    optional `iscrowd` and `area`, and `masks`. A ground truth's size range comes from its
+    `area` where that is > 0, else from its mask in both passes when masks are evaluated (as
+    torchmetrics does, and pycocotools with a COCO file whose `area` is the mask's), else from
+    its box. Box-only updates never synchronise with the device; masks are run-length encoded
+    on arrival. `compute()` returns float32 tensors under torchmetrics' keys (prefixed `bbox_`
+    and `segm_` when both IoU types are evaluated) and `classes` as int32.
+
+    Unlike torchmetrics, which knows only the labels it has seen, `num_classes` makes `classes`
+    0 .. num_classes - 1 and the per-class results one entry each, -1 where a class has no
+    ground truth (as torchmetrics reports a class seen only in predictions); the aggregate
+    numbers do not change, and a label outside that range is an error at compute(). Only
+    macro averaging, no extended summary and no torchmetrics synchronisation are supported;
+    asking for them raises ValueError.
     """
 
     is_differentiable = False
@@ -94,21 +103,23 @@ class OnePassCocoMeanAveragePrecision(Metric):
         extended_summary: bool = False,
         average: Literal["macro", "micro"] = "macro",
         backend: CocoEvalBackend = "vernier",
+        num_classes: int | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        _refuse_unsupported(extended_summary, average, kwargs)
+        super().__init__(**kwargs, sync_on_compute=False)
         self.iou_types: tuple[IouType, ...] = _iou_types(iou_type)
         if box_format not in get_args(BoxFormat):
             raise ValueError(f"box_format must be one of {get_args(BoxFormat)}, got {box_format!r}")
-        if average not in ("macro", "micro"):
-            raise ValueError(f"average must be 'macro' or 'micro', got {average!r}")
-        if extended_summary:
-            raise ValueError("extended_summary is not supported by OnePassCocoMeanAveragePrecision")
+        if num_classes is not None and (not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool)
+                                        or num_classes < 1):
+            raise ValueError(f"num_classes must be a positive int or None, got {num_classes!r}")
         if backend not in _BACKENDS:
             raise ValueError(f"unknown COCO evaluation backend {backend!r}; choose one of {sorted(_BACKENDS)}")
         self.box_format = box_format
         self.class_metrics = class_metrics
         self.average = average
+        self.num_classes = None if num_classes is None else int(num_classes)
         self.backend = backend
         self.grid = EvalGrid(
             iou_thresholds=_thresholds(iou_thresholds, COCO_IOU_THRESHOLDS, "iou_thresholds"),
@@ -153,6 +164,9 @@ class OnePassCocoMeanAveragePrecision(Metric):
         missing = [key for key in required if key not in item]
         if missing:
             raise ValueError(f"{where} lacks {missing}")
+        labels = item["labels"].dtype
+        if labels.is_floating_point or labels.is_complex or labels == torch.bool:
+            raise ValueError(f"{where}['labels'] must hold integer class ids, got dtype {labels}")
         count = item["labels"].numel()
         for key in columns:
             if item[key].numel() != count:
@@ -178,27 +192,34 @@ class OnePassCocoMeanAveragePrecision(Metric):
         return count
 
     def compute(self) -> dict[str, Tensor]:
-        """torchmetrics' MeanAveragePrecision keys, as float64; `classes` as int32."""
+        """torchmetrics' MeanAveragePrecision keys as float32 tensors, and `classes` as int32."""
         state = {name: _numpy(getattr(self, name), _STATES[name][1]) for name in self._defaults}
-        classes = np.unique(np.concatenate([state["det_labels"], state["gt_labels"]]).astype(np.int64))
+        classes = self._classes(state)
         results: dict[str, Tensor] = {}
         for iou_type in self.iou_types:
             prefix = f"{iou_type}_" if len(self.iou_types) > 1 else ""
-            inputs = self._inputs(state, iou_type, classes)
-            if self.average == "micro":
-                summary = _summary(self._accumulate(_single_category(inputs)), self.grid)
-                if self.class_metrics:
-                    summary |= _per_class(self._accumulate(inputs), self.grid)
+            accumulation = self._accumulate(self._inputs(state, iou_type, classes))
+            summary = _summary(accumulation, self.grid)
+            if self.class_metrics:
+                summary |= _per_class(accumulation, self.grid)
             else:
-                accumulation = self._accumulate(inputs)
-                summary = _summary(accumulation, self.grid)
-                if self.class_metrics:
-                    summary |= _per_class(accumulation, self.grid)
-            if not self.class_metrics:
                 summary |= {"map_per_class": -1.0, f"mar_{self.grid.max_dets[-1]}_per_class": -1.0}
-            results |= {prefix + key: torch.tensor(value, dtype=torch.float64) for key, value in summary.items()}
+            # rounded from float64 once, so every backend still returns the same float32 bits
+            results |= {prefix + key: torch.tensor(value, dtype=torch.float64).float()
+                        for key, value in summary.items()}
         results["classes"] = torch.from_numpy(classes.astype(np.int32))
         return results
+
+    def _classes(self, state: dict[str, np.ndarray]) -> np.ndarray:
+        """The evaluated category ids: 0 .. num_classes - 1 if given, else every observed label."""
+        observed = np.unique(np.concatenate([state["det_labels"], state["gt_labels"]]).astype(np.int64))
+        if self.num_classes is None:
+            return observed
+        outside = observed[(observed < 0) | (observed >= self.num_classes)]
+        if outside.size:
+            raise ValueError(f"labels {outside.tolist()} lie outside 0 .. {self.num_classes - 1} "
+                             f"(num_classes={self.num_classes})")
+        return np.arange(self.num_classes, dtype=np.int64)
 
     def _accumulate(self, inputs: CocoInputs) -> Accumulation:
         if len(inputs.dt_scores) == 0 or len(inputs.gt_areas) == 0:
@@ -213,10 +234,12 @@ class OnePassCocoMeanAveragePrecision(Metric):
         sizes = state["mask_sizes"].reshape(-1, 2) if "segm" in self.iou_types else np.zeros((len(images), 2))
         gt_boxes = self._xywh(state.get("gt_boxes"), len(state["gt_labels"]))
         gt_runs = dt_runs = None
-        given = state["gt_area"].astype(np.float64)
         if iou_type == "segm":
             gt_runs = split_runs(state["gt_runs"], state["gt_run_lengths"])
             dt_runs = split_runs(state["det_runs"], state["det_run_lengths"])
+        # with masks, the box pass too buckets ground truth by mask area: a COCO file's `area`
+        given = state["gt_area"].astype(np.float64)
+        if "segm" in self.iou_types:
             fallback = mask_areas(state["gt_runs"], state["gt_run_lengths"])
         else:
             fallback = gt_boxes[:, 2] * gt_boxes[:, 3]
@@ -248,6 +271,19 @@ class OnePassCocoMeanAveragePrecision(Metric):
         elif self.box_format == "cxcywh":
             boxes = np.concatenate([boxes[:, :2] - boxes[:, 2:] / 2, boxes[:, 2:]], axis=1)
         return np.ascontiguousarray(boxes)
+
+
+def _refuse_unsupported(extended_summary: bool, average: str, kwargs: dict[str, Any]) -> None:
+    """MeanAveragePrecision options this metric cannot honour are errors, not ignored; takes
+    `sync_on_compute` out of `kwargs` (it must be False: callers gather the states themselves)."""
+    if extended_summary:
+        raise ValueError("extended_summary=True is not supported by OnePassCocoMeanAveragePrecision")
+    if average != "macro":
+        raise ValueError(f"OnePassCocoMeanAveragePrecision averages per class only (average='macro'), got {average!r}")
+    for option in ("sync_on_compute", "dist_sync_on_step"):
+        if kwargs.pop(option, False) is not False:
+            raise ValueError(f"OnePassCocoMeanAveragePrecision requires {option}=False: gather the states across "
+                             "processes before compute() (as training.evaluation does), not through torchmetrics")
 
 
 def _iou_types(iou_type: IouType | Sequence[IouType]) -> tuple[IouType, ...]:
@@ -282,16 +318,6 @@ def _numpy(state: list[Tensor] | Tensor, dtype: torch.dtype) -> np.ndarray:
     if not state:
         return np.zeros(0, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
     return torch.cat([item.cpu() for item in state]).to(dtype).numpy()
-
-
-def _single_category(inputs: CocoInputs) -> CocoInputs:
-    """micro averaging: every label becomes category 0."""
-    return replace(
-        inputs,
-        category_ids=np.zeros(min(1, len(inputs.category_ids)), dtype=np.int64),
-        gt_category_ids=np.zeros_like(inputs.gt_category_ids),
-        dt_category_ids=np.zeros_like(inputs.dt_category_ids),
-    )
 
 
 def _without_matches(inputs: CocoInputs, grid: EvalGrid) -> Accumulation:
