@@ -53,8 +53,6 @@ def test_random_weights_and_architecture_changes_warn():
 
 
 def test_unavailable_features_raise_not_implemented(tiny_kwargs):
-    with pytest.raises(NotImplementedError, match="segmentation"):
-        RFDETRNano(**tiny_kwargs, segmentation_head=True)
     with pytest.raises(NotImplementedError, match="two_stage"):
         RFDETRSmall(**tiny_kwargs, two_stage=False)
 

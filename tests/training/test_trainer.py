@@ -73,3 +73,42 @@ def test_only_data_parallel_strategies_are_accepted():
         assert TrainConfig(dataset_dir=None, strategy=name).strategy == name
     with pytest.raises(ValidationError, match="strategy='fsdp' is not supported"):
         TrainConfig(dataset_dir=None, strategy="fsdp")
+
+
+def test_unknown_train_keyword_names_the_closest_config_and_trainer_names(tmp_path):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as caught:
+        split_train_kwargs({"dataset_dir": str(tmp_path), "max_epoch": 3, "epoch": 2})
+    text = str(caught.value)
+    assert "`max_epoch` (did you mean `max_epochs`" in text and "`epoch` (did you mean `epochs`" in text
+    assert "see detrkit.config.TrainConfig and pytorch_lightning.Trainer" in text
+    with pytest.warns(FutureWarning, match="lr_drop"):  # a deprecated TrainConfig keyword is not unknown
+        train_config, passthrough = split_train_kwargs({"dataset_dir": str(tmp_path), "lr_drop": 5, "max_steps": 2})
+    assert train_config.lr_scheduler_kwargs == {"lr_drop": 5} and passthrough == {"max_steps": 2}
+
+
+def test_clearml_is_not_supported(tmp_path):
+    with pytest.raises(NotImplementedError, match="clearml=True"):
+        build_loggers(config(tmp_path, clearml=True))
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_loaders_use_eval_batch_size_and_worker_defaults(tmp_path, tiny_kwargs, workers):
+    from detrkit.config import ModelConfig
+    from detrkit.datasets.synthetic import make_synthetic_dataset
+    from detrkit.training import RFDETRDataModule
+
+    data = make_synthetic_dataset(tmp_path / "data", num_train=4, num_valid=3, num_test=2, image_size=(64, 64))
+    settings = dict(dataset_dir=str(data), output_dir=str(tmp_path / "out"), num_workers=workers)
+    module = RFDETRDataModule(ModelConfig(**tiny_kwargs), TrainConfig(**settings, eval_batch_size=3))
+    train, val, test = module.train_dataloader(), module.val_dataloader(), module.test_dataloader()
+    assert (train.batch_size, val.batch_size, test.batch_size) == (4, 3, 3)
+    for loader in (train, val):  # on the CPU: no pinning; workers persist and prefetch 2 batches when there are any
+        assert (loader.pin_memory, loader.persistent_workers, loader.prefetch_factor) == (
+            False, workers > 0, 2 if workers else None)
+    module = RFDETRDataModule(ModelConfig(**tiny_kwargs), TrainConfig(**settings, pin_memory=True, prefetch_factor=4,
+                                                                      persistent_workers=False))
+    loader = module.val_dataloader()
+    assert loader.batch_size == 4 and loader.pin_memory and not loader.persistent_workers
+    assert loader.prefetch_factor == (4 if workers else None)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_info
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
 from detrkit.config import ModelConfig, TrainConfig
 from detrkit.datasets.transforms import batch_scale, multi_scale_sizes, resize_batch
@@ -24,7 +24,7 @@ from detrkit.training.auto_batch import require_integer_batch
 from detrkit.training.checkpoints import run_metadata
 from detrkit.training.ema import ModelEMA
 from detrkit.training.evaluation import DetectionEvaluator
-from detrkit.training.optim import build_optimizer, lr_factor
+from detrkit.training.optim import build_optimizer, build_scheduler
 from detrkit.training.rng import restore_rng_states, rng_states
 
 
@@ -41,6 +41,9 @@ class RFDETRModelModule(pl.LightningModule):
         self.plan = plan  # compile, CUDA graphs and FP8 as decided for this run (None: none of them)
         self._train_forward: GraphedTrainingForward | None = None  # the training forward, when graphed
         require_integer_batch(train_config)
+        if train_config.compute_train_metrics:
+            raise NotImplementedError("compute_train_metrics=True (mAP on the training set) is not implemented yet: "
+                                      "it belongs to issue 23 (evaluation)")
         self.model_config, self.train_config = model_config, train_config
         self.model = detector if detector is not None else build_model(model_config, train_config.drop_path)
         self.criterion = build_criterion(model_config, train_config)
@@ -52,6 +55,7 @@ class RFDETRModelModule(pl.LightningModule):
         self.train_scales = (multi_scale_sizes(model_config.resolution, block, train_config.expanded_scales)
                              if train_config.multi_scale == "per-batch" else None)
         self._evaluators: dict[str, DetectionEvaluator] = {}
+        self._loss_stage: str | None = None  # "val" or "test" while that loss is logged (see _loss_wanted)
         # "val/", "val/ema_", "test/" -> COCOeval's twelve summary numbers of the last evaluation
         self.coco_stats: dict[str, list[float]] = {}
 
@@ -91,13 +95,16 @@ class RFDETRModelModule(pl.LightningModule):
         groups = self.model.groups if self.model.training else 1
         with torch.autocast(self.device.type, enabled=False):  # matching and losses in fp32
             losses = self.criterion(outputs, batch.targets, groups=groups)
-        size = len(batch)
-        self.log("train/loss", losses.total, on_step=False, on_epoch=True, batch_size=size)
+        size, config = len(batch), self.train_config
+        sync, on_step = config.train_log_sync_dist, config.train_log_on_step
+        self.log("train/loss", losses.total, on_step=on_step, on_epoch=True, sync_dist=sync, batch_size=size)
         self.log("loss", losses.total, prog_bar=True, on_step=True, on_epoch=False, logger=False, batch_size=size)
-        for name, value in _compact_terms(losses.terms).items():
-            self.log(f"train/{name}", value, on_step=False, on_epoch=True, batch_size=size)
-        for name in ("class_error", "cardinality_error"):
-            self.log(f"train/{name}", getattr(losses, name), on_step=False, on_epoch=True, batch_size=size)
+        # per-term logs follow train_log_on_step only when each layer's term is logged on its own
+        terms = {**(_compact_terms(losses.terms) if config.compact_train_metrics else losses.terms),
+                 **{name: getattr(losses, name) for name in ("class_error", "cardinality_error")}}
+        for name, value in terms.items():
+            self.log(f"train/{name}", value, on_step=on_step and not config.compact_train_metrics, on_epoch=True,
+                     sync_dist=sync, batch_size=size)
         # a CPU tensor: Lightning would copy a Python float to the device, a blocking copy each step
         lr = torch.tensor(self.trainer.optimizers[0].param_groups[0]["lr"])
         self.log("lr", lr, prog_bar=True, on_step=True, on_epoch=False, logger=False, batch_size=size)
@@ -124,11 +131,45 @@ class RFDETRModelModule(pl.LightningModule):
             tracks[""] = self.model
         return tracks
 
+    def on_validation_epoch_start(self) -> None:
+        self._loss_stage = "val" if self._loss_wanted("val") else None
+
+    def on_test_epoch_start(self) -> None:
+        self._loss_stage = "test" if self._loss_wanted("test") else None
+
+    def _loss_wanted(self, stage: str) -> bool:
+        """test/loss when compute_test_loss; val/loss when compute_val_loss is True, or "auto" and a
+        scheduler or callback monitors it. Skipped (with a warning) where processes have different
+        numbers of batches: the criterion's box count is reduced over processes once per batch."""
+        config, trainer = self.train_config, self.trainer
+        monitors = {getattr(callback, "monitor", None) for callback in trainer.callbacks}
+        monitors |= {entry.monitor for entry in trainer.lr_scheduler_configs}
+        if stage == "val" and config.compute_val_loss is False and "val/loss" in monitors:
+            raise ValueError("compute_val_loss=False, but a callback or scheduler monitors 'val/loss': set "
+                             "compute_val_loss=True or 'auto', or monitor another metric")
+        wanted = config.compute_test_loss if stage == "test" else (
+            config.compute_val_loss is True or (config.compute_val_loss == "auto" and "val/loss" in monitors))
+        if not wanted or trainer.world_size == 1:
+            return wanted
+        batches = {"test": trainer.num_test_batches, "val": trainer.num_val_batches}[stage]
+        if trainer.sanity_checking:
+            batches = trainer.num_sanity_val_batches
+        counts = self.all_gather(torch.tensor(sum(batches), device=self.device))
+        if bool((counts != counts.flatten()[0]).any()):  # once per evaluation, outside any step
+            rank_zero_warn(f"{stage}/loss is not logged: the processes have different numbers of {stage} batches")
+            return False
+        return True
+
     def _evaluate_step(self, stage: str, batch: Batch) -> None:
         sizes = torch.tensor([t.orig_size for t in batch.targets]).to(batch.pixels.device, non_blocking=True)
         truth = [_pixel_boxes(t) for t in batch.targets]
-        for prefix, detector in self.evaluation_tracks(stage).items():
+        tracks = self.evaluation_tracks(stage)
+        for prefix, detector in tracks.items():
             outputs = detector(batch.pixels, batch.padding)
+            if self._loss_stage == stage and prefix == ("" if "" in tracks else "ema_"):  # what {stage}/* report
+                with torch.autocast(self.device.type, enabled=False):  # matching and losses in fp32
+                    loss = self.criterion(outputs, batch.targets, groups=1).total
+                self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(batch))
             # scores from fp32 logits: bf16's 8-bit mantissa would tie many of them and move the AP
             detections = top_detections(outputs.pred_logits.float(), outputs.pred_boxes.float(), sizes,
                                         self.model_config.num_select)
@@ -177,17 +218,24 @@ class RFDETRModelModule(pl.LightningModule):
             restore_rng_states(checkpoint["rng_states"])
 
     def configure_optimizers(self) -> dict[str, Any]:
+        """The configured optimizer over detrkit's parameter groups, and its schedule (spec 12.2-12.3)."""
         config = self.train_config
         optimizer = build_optimizer(self.model.named_parameters(), {
             "lr": config.lr, "lr_encoder": config.lr_encoder, "weight_decay": config.weight_decay,
             "layer_decay": config.lr_vit_layer_decay, "component_decay": config.lr_component_decay,
-            "num_encoder_layers": self.model_config.out_feature_indexes[-1] + 1}, fused=self.fused_optimizer)
-        factor = lr_factor(config.lr_scheduler, total_steps=int(self.trainer.estimated_stepping_batches),
-                           epochs=config.epochs, warmup_epochs=config.warmup_epochs,
-                           **config.lr_scheduler_kwargs)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
+            "num_encoder_layers": self.model_config.out_feature_indexes[-1] + 1}, fused=self.fused_optimizer,
+            optimizer=config.optimizer, optimizer_kwargs=config.optimizer_kwargs)
+        scheduler = build_scheduler(
+            optimizer, config.lr_scheduler, config.lr_scheduler_kwargs,
+            total_steps=int(self.trainer.estimated_stepping_batches), epochs=config.epochs,
+            warmup_epochs=config.warmup_epochs, interval=config.lr_scheduler_interval,
+            monitor=config.lr_scheduler_monitor)
+        if "monitor" in scheduler:
+            if scheduler["monitor"] == "val/loss" and config.compute_val_loss is False:
+                raise ValueError("compute_val_loss=False leaves ReduceLROnPlateau without its monitor 'val/loss'")
+            # validation metrics exist only on epochs that validate
+            scheduler["strict"] = config.eval_interval == 1 or not scheduler["monitor"].startswith("val/")
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
     @property
     def fused_optimizer(self) -> bool:

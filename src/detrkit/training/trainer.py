@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
+from pydantic import ValidationError
+from pydantic_core import PydanticCustomError
 from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 from pytorch_lightning.loggers import CSVLogger, Logger
 from pytorch_lightning.utilities import rank_zero_info
 
-from detrkit.config import ModelConfig, TrainConfig
+from detrkit.config import ModelConfig, TrainConfig, unknown_keyword_message
 from detrkit.training.accel.cuda_graphs import CudaGraphStepMarker
 from detrkit.training.accel.fp8 import FP8_BACKENDS
 from detrkit.training.accel.plan import AccelerationPlan, log_plan, plan_acceleration, read_device_facts
@@ -126,10 +128,17 @@ def run_callbacks(train_config: TrainConfig) -> list[pl.Callback]:
 def split_train_kwargs(kwargs: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
     """TrainConfig from its fields; Lightning Trainer arguments that are not fields pass through.
 
-    Anything that is neither raises pydantic's ValidationError naming it.
+    Anything that is neither raises pydantic's ValidationError naming it and the closest names of both.
     """
     trainer_params = set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
-    passthrough = {k: v for k, v in kwargs.items() if k not in TrainConfig.model_fields and k in trainer_params}
+    config_keys = set(TrainConfig.model_fields) | TrainConfig.legacy_keys
+    unknown = [k for k in kwargs if k not in config_keys and k not in trainer_params]
+    if unknown:
+        message = unknown_keyword_message(unknown, config_keys | trainer_params,
+                                          "detrkit.config.TrainConfig and pytorch_lightning.Trainer")
+        raise ValidationError.from_exception_data(TrainConfig.__name__, [
+            {"type": PydanticCustomError("unknown_keyword", message), "loc": (), "input": kwargs}])
+    passthrough = {k: v for k, v in kwargs.items() if k not in config_keys}
     fields = {k: v for k, v in kwargs.items() if k not in passthrough}
     return TrainConfig(**fields), passthrough
 
@@ -187,6 +196,8 @@ def build_loggers(train_config: TrainConfig) -> list[Logger]:
             loggers.append(TensorBoardLogger(save_dir=output, name="", version=""))
         else:
             logger.info("tensorboard is not installed; logging to metrics.csv only (pip install 'detrkit[loggers]')")
+    if train_config.clearml:
+        raise NotImplementedError("clearml=True: ClearML logging is not supported; use wandb, mlflow or tensorboard")
     if train_config.wandb:
         _require("wandb")
         from pytorch_lightning.loggers import WandbLogger
