@@ -108,6 +108,7 @@ def test_user_hooks_are_called_with_rfdetrs_arguments_and_the_head_adapts(tiny_k
     assert [e["epoch"] for e in epochs] == [0, 1]
     for stats in epochs:
         assert stats["train_loss"] == stats["train/loss"] and math.isfinite(stats["train_loss"])
+        assert stats["test_loss"] == stats["val/loss"] > 0  # computed for the hook (compute_val_loss="auto")
         coco = stats["test_coco_eval_bbox"]
         assert len(coco) == 12 and all(-1 <= value <= 1 for value in coco)
         assert coco[0] == pytest.approx(stats["val/mAP_50_95"]) and coco[1] == pytest.approx(stats["val/mAP_50"])

@@ -31,8 +31,8 @@ class UserHooks(pl.Callback):
       before every training batch;
     - `on_fit_epoch_end(stats)` after each epoch's training and validation, where `stats` holds
       every logged number by its detrkit name ("train/loss", "val/mAP_50_95", ...), "epoch"
-      (0-based), "n_parameters", and rfdetr's names: "train_loss", "test_loss" (when the validation
-      loss is computed), "test_coco_eval_bbox" (COCOeval's twelve summary numbers: AP, AP50, AP75,
+      (0-based), "n_parameters", and rfdetr's names: "train_loss", "test_loss" (the validation
+      loss, computed for these hooks unless compute_val_loss=False), "test_coco_eval_bbox" (COCOeval's twelve summary numbers: AP, AP50, AP75,
       AP small/medium/large, AR 1/10/max detections, AR small/medium/large) and, when the weights'
       moving average is scored beside the live weights, "ema_test_coco_eval_bbox";
     - `on_train_end()` once training is over.
@@ -41,6 +41,8 @@ class UserHooks(pl.Callback):
     def __init__(self, hooks: Mapping[str, list[Callable[..., Any]]]) -> None:
         check_hooks(hooks)
         self.hooks = hooks
+        # rfdetr hands epoch hooks the validation loss: with compute_val_loss="auto" it is computed for them
+        self.monitor = "val/loss" if hooks.get("on_fit_epoch_end") else None
 
     def _call(self, trainer: pl.Trainer, event: str, *args: Any) -> None:
         if trainer.is_global_zero:
