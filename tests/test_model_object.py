@@ -57,6 +57,8 @@ def test_the_called_class_is_the_fallback_when_the_checkpoint_names_none(tiny_kw
     path = save_weights_only(source, tmp_path / "fine_tuned.pth", **{k: v for k, v in tiny_kwargs.items()
                                                                      if k != "pretrain_weights"})
     assert type(RFDETRMedium.from_checkpoint(path, device="cpu")) is RFDETRMedium
+    with pytest.warns(UserWarning, match="trust_checkpoint=True has no effect"):  # rfdetr's keyword, accepted
+        detrkit.from_checkpoint(path, device="cpu", trust_checkpoint=True)
     assert type(detrkit.from_checkpoint(path, device="cpu")) is RFDETR
 
 

@@ -230,13 +230,18 @@ class RFDETR:
 
 
     @classmethod
-    def from_checkpoint(cls, path: str | os.PathLike, **overrides: Any) -> RFDETR:
+    def from_checkpoint(cls, path: str | os.PathLike, *, trust_checkpoint: bool = False,
+                        **overrides: Any) -> RFDETR:
         """Rebuild the model a checkpoint was saved from (class, config and weights); keyword
         arguments override saved config fields. The class comes from the checkpoint (its model
         name, else its weights' or file's name), whichever class this is called on; `cls` is the
-        fallback when the checkpoint names none."""
+        fallback when the checkpoint names none. `trust_checkpoint` is rfdetr's switch to unpickle
+        arbitrary objects: detrkit never does, so it only warns."""
         from detrkit.variants import model_class_for
 
+        if trust_checkpoint:
+            warnings.warn("trust_checkpoint=True has no effect: detrkit reads checkpoints with weights_only=True "
+                          "(tensors and plain training arguments only)", UserWarning, stacklevel=2)
         checkpoint = read_checkpoint(path)
         saved = checkpoint.model_config or checkpoint.args
         if not saved:
@@ -252,6 +257,6 @@ class RFDETR:
         return model_class(**kwargs)
 
 
-def from_checkpoint(path: str | os.PathLike, **overrides: Any) -> RFDETR:
+def from_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False, **overrides: Any) -> RFDETR:
     """`RFDETR.from_checkpoint`, as a function: the model class is read from the checkpoint."""
-    return RFDETR.from_checkpoint(path, **overrides)
+    return RFDETR.from_checkpoint(path, trust_checkpoint=trust_checkpoint, **overrides)
