@@ -73,3 +73,62 @@ def box_losses(pairs: list[tuple[list[float], list[float]]]) -> tuple[float, flo
     l1 = sum(abs(u - v) for pred, target in pairs for u, v in zip(pred, target))
     giou = sum(1 - iou_giou(xyxy(pred), xyxy(target))[1] for pred, target in pairs)
     return l1, giou
+
+
+# Masks (spec 8.2, 8.3): images are lists of rows, points (x, y) in [0, 1] over the image.
+
+
+def pixel_coordinate(t: float, size: int) -> float:
+    """Point coordinate -> pixel coordinate, pixel centres at i + 0.5, clamped to the border."""
+    return min(max(t * size - 0.5, 0.0), size - 1.0)
+
+
+def bilinear_at(image: list[list[float]], x: float, y: float) -> float:
+    height, width = len(image), len(image[0])
+    px, py = pixel_coordinate(x, width), pixel_coordinate(y, height)
+    x0, y0 = math.floor(px), math.floor(py)
+    x1, y1 = min(x0 + 1, width - 1), min(y0 + 1, height - 1)
+    fx, fy = px - x0, py - y0
+    top = (1 - fx) * image[y0][x0] + fx * image[y0][x1]
+    bottom = (1 - fx) * image[y1][x0] + fx * image[y1][x1]
+    return (1 - fy) * top + fy * bottom
+
+
+def nearest_at(image: list[list[float]], x: float, y: float) -> float:
+    """The nearest pixel; exact halves round to even, as grid_sample's nearbyint does."""
+    height, width = len(image), len(image[0])
+    return image[round(pixel_coordinate(y, height))][round(pixel_coordinate(x, width))]
+
+
+def factor_mask(spatial: list[list[list[float]]], query: list[float], bias: float) -> list[list[float]]:
+    """Dense (h, w) logits of one query: spatial (D, h, w) . query (D) + bias, pixel by pixel."""
+    height, width = len(spatial[0]), len(spatial[0][0])
+    return [[sum(s[y][x] * q for s, q in zip(spatial, query)) + bias for x in range(width)] for y in range(height)]
+
+
+def bce(x: float, t: float) -> float:
+    """BCE with logits: −t·log σ(x) − (1−t)·log(1−σ(x)) = softplus(x) − t·x."""
+    return max(x, 0.0) + math.log1p(math.exp(-abs(x))) - t * x
+
+
+def dice(logits: list[float], labels: list[float]) -> float:
+    prob = [sigmoid(x) for x in logits]
+    return 1 - (2 * sum(p * t for p, t in zip(prob, labels)) + 1) / (sum(prob) + sum(labels) + 1)
+
+
+def mask_pair_cost(logits: list[float], labels: list[float]) -> tuple[float, float]:
+    """Matching costs of one query and one target at shared points: mean of BCE(x, 1)·t +
+    BCE(x, 0)·(1 − t), and dice."""
+    ce = sum(bce(x, 1.0) * t + bce(x, 0.0) * (1 - t) for x, t in zip(logits, labels)) / len(logits)
+    return ce, dice(logits, labels)
+
+
+def mask_pair_loss(mask: list[list[float]], target: list[list[float]], candidates: list[tuple[float, float]],
+                   fresh: list[tuple[float, float]], num_points: int) -> tuple[float, float]:
+    """Mean point BCE and dice of one matched pair: the int(0.75·P) candidates with the smallest
+    |logit|, then the fresh points; labels from the nearest target pixel."""
+    kept = sorted(candidates, key=lambda p: abs(bilinear_at(mask, *p)))[:int(0.75 * num_points)]
+    points = kept + fresh
+    logits = [bilinear_at(mask, *p) for p in points]
+    labels = [nearest_at(target, *p) for p in points]
+    return sum(bce(x, t) for x, t in zip(logits, labels)) / len(points), dice(logits, labels)

@@ -8,10 +8,11 @@ import torch
 import torch.distributed as dist
 
 from detrkit.config import ModelConfig, TrainConfig
-from detrkit.losses.matcher import HungarianMatcher, Matches, at_least_fp32, host_to_device
+from detrkit.losses.masks import pad_target_masks, point_mask_losses
+from detrkit.losses.matcher import HungarianMatcher, Matches, at_least_fp32, at_least_fp32_masks, host_to_device
 from detrkit.losses.terms import giou_box_loss, ia_bce_loss, l1_box_loss
 from detrkit.ops.boxes import cxcywh_to_xyxy, elementwise_box_iou
-from detrkit.structures import DetectorOutput, Target
+from detrkit.structures import DetectorOutput, MaskFactors, Target
 
 
 @dataclass
@@ -35,26 +36,37 @@ def num_boxes_normaliser(targets: list[Target], groups: int, device: torch.devic
 
 
 class SetCriterion:
-    """Hungarian-matched IA-BCE, L1 and GIoU losses for the final, auxiliary and encoder outputs."""
+    """Hungarian-matched IA-BCE, L1 and GIoU losses, plus point-sampled mask BCE and dice losses
+    for segmentation outputs, of the final, auxiliary and encoder outputs."""
 
     def __init__(self, matcher: HungarianMatcher, cls_loss_coef: float = 1.0, bbox_loss_coef: float = 5.0,
-                 giou_loss_coef: float = 2.0, focal_alpha: float = 0.25) -> None:
+                 giou_loss_coef: float = 2.0, focal_alpha: float = 0.25, mask_ce_loss_coef: float = 5.0,
+                 mask_dice_loss_coef: float = 5.0, mask_point_sample_ratio: int = 16) -> None:
         self.matcher = matcher
-        self.weights = {"loss_ce": cls_loss_coef, "loss_bbox": bbox_loss_coef, "loss_giou": giou_loss_coef}
+        self.weights = {"loss_ce": cls_loss_coef, "loss_bbox": bbox_loss_coef, "loss_giou": giou_loss_coef,
+                        "loss_mask_ce": mask_ce_loss_coef, "loss_mask_dice": mask_dice_loss_coef}
         self.focal_alpha = focal_alpha
+        self.mask_point_sample_ratio = mask_point_sample_ratio
 
-    def __call__(self, outputs: DetectorOutput, targets: list[Target], groups: int) -> LossOutput:
-        """groups: query groups G in training, 1 in evaluation (Q // num_queries). Computes in fp32
-        (or fp64) whatever the outputs' dtype."""
-        layers = [(suffix, at_least_fp32(layer.pred_logits), at_least_fp32(layer.pred_boxes))
+    def __call__(self, outputs: DetectorOutput, targets: list[Target], groups: int,
+                 image_size: tuple[int, int] | None = None) -> LossOutput:
+        """groups: query groups G in training, 1 in evaluation (Q // num_queries). image_size: the
+        padded input (H, W), needed when the outputs carry masks: target masks are padded to it.
+        Computes in fp32 (or fp64) whatever the outputs' dtype."""
+        layers = [(suffix, at_least_fp32(layer.pred_logits), at_least_fp32(layer.pred_boxes), _masks(layer))
                   for suffix, layer in _layers(outputs)]
+        target_masks = _target_masks(targets, image_size) if outputs.pred_masks is not None else None
         num_boxes = num_boxes_normaliser(targets, groups, outputs.pred_logits.device)
         labels = torch.cat([t.labels for t in targets])
         boxes = torch.cat([t.boxes for t in targets]).to(layers[0][2].dtype)
-        matches = self.matcher.match_layers([(logits, pred) for _, logits, pred in layers], targets, groups)
+        matches = self.matcher.match_layers([(logits, pred) for _, logits, pred, _ in layers], targets, groups,
+                                            [masks for *_, masks in layers], target_masks)
         terms, total = {}, 0
-        for (suffix, logits, pred), layer_matches in zip(layers, matches):
-            for name, term in self.layer_terms(logits, pred, layer_matches, labels, boxes, num_boxes).items():
+        for (suffix, logits, pred, masks), layer_matches in zip(layers, matches):
+            layer_terms = self.layer_terms(logits, pred, layer_matches, labels, boxes, num_boxes)
+            if masks is not None and target_masks is not None:
+                layer_terms.update(self.mask_terms(masks, layer_matches, target_masks, num_boxes))
+            for name, term in layer_terms.items():
                 terms[name + suffix] = term
                 total = total + self.weights[name] * term
         errors = logging_errors(layers[0][1], matches[0], labels, [len(t.labels) for t in targets])
@@ -72,11 +84,36 @@ class SetCriterion:
             "loss_giou": giou_box_loss(matched_boxes, target_boxes, num_boxes),
         }
 
+    def mask_terms(self, pred_masks: torch.Tensor | MaskFactors, matches: Matches, target_masks: torch.Tensor,
+                   num_boxes: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Unweighted loss_mask_ce, loss_mask_dice of one output layer; target_masks (T, H, W) padded."""
+        ce, dice = point_mask_losses(pred_masks, matches.query, matches.counts, target_masks, matches.target,
+                                     num_boxes, self.mask_point_sample_ratio)
+        return {"loss_mask_ce": ce, "loss_mask_dice": dice}
+
 
 def _layers(outputs: DetectorOutput) -> list[tuple[str, DetectorOutput]]:
     """(suffix, output) for the final layer, each auxiliary decoder layer and the encoder proposals."""
     layers = [("", outputs)] + [(f"_{i}", aux) for i, aux in enumerate(outputs.aux_outputs or [])]
     return layers + ([("_enc", outputs.enc_outputs)] if outputs.enc_outputs is not None else [])
+
+
+def _masks(layer: DetectorOutput) -> torch.Tensor | MaskFactors | None:
+    return None if layer.pred_masks is None else at_least_fp32_masks(layer.pred_masks)
+
+
+def _target_masks(targets: list[Target], image_size: tuple[int, int] | None) -> torch.Tensor:
+    """Every target mask padded to the input size, (T, H, W); segmentation outputs need both."""
+    missing = [i for i, t in enumerate(targets) if t.masks is None]
+    if missing:
+        raise ValueError(f"the model predicts masks but the targets of images {missing} carry none; "
+                         "segmentation training needs a mask per box")
+    uneven = [i for i, t in enumerate(targets) if len(t.masks) != len(t.labels)]
+    if uneven:
+        raise ValueError(f"the targets of images {uneven} have a different number of masks and boxes")
+    if image_size is None:
+        raise ValueError("mask losses need image_size, the padded input (H, W), e.g. batch.pixels.shape[-2:]")
+    return pad_target_masks([t.masks for t in targets], (int(image_size[0]), int(image_size[1])))
 
 
 @torch.no_grad()

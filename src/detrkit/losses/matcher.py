@@ -3,7 +3,8 @@
 All output layers of a step are matched together: their costs are computed on the device and
 handed to one solver from `SOLVERS`. "scipy" moves them to the host in one copy, assigns there
 and sends every index back in one copy; "torch_linear_assignment" (when installed) solves every
-problem of the step in one batch on the costs' device.
+problem of the step in one batch on the costs' device. Segmentation outputs add point-sampled
+mask costs (spec 8.2).
 """
 
 from __future__ import annotations
@@ -18,21 +19,31 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
+from detrkit.losses.masks import mask_point_logits, pairwise_mask_costs, target_point_labels
 from detrkit.ops.boxes import cxcywh_to_xyxy, elementwise_generalized_box_iou
-from detrkit.structures import Target
+from detrkit.structures import MaskFactors, Target
 
 
 @dataclass
 class Matches:
-    """Matched pairs of one layer, flat: query (M,) = image * Q + query, target (M,) into all targets."""
+    """Matched pairs of one layer, flat and image by image: query (M,) = image * Q + query, target
+    (M,) into all targets; counts, on the host, the pairs of each image."""
 
     query: torch.Tensor
     target: torch.Tensor
+    counts: list[int]
 
 
 def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
     """bf16/fp16 -> fp32 (heads emit bf16 under autocast); fp32 and fp64 stay as they are."""
     return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
+def at_least_fp32_masks(pred_masks: torch.Tensor | MaskFactors) -> torch.Tensor | MaskFactors:
+    """`at_least_fp32` of dense mask logits or of each mask factor."""
+    if isinstance(pred_masks, MaskFactors):
+        return MaskFactors(*(at_least_fp32(t) for t in (pred_masks.spatial, pred_masks.queries, pred_masks.bias)))
+    return at_least_fp32(pred_masks)
 
 
 def host_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -79,13 +90,21 @@ def replace_non_finite(cost: torch.Tensor) -> torch.Tensor:
     return non_finite_to_worst(cost)
 
 
+# Mask logits of one output layer: dense (B, Q, h, w), factored while training, or None.
+PredMasks = torch.Tensor | MaskFactors | None
+
+
 class HungarianMatcher:
-    """Matches each query group to the targets of each image at minimal focal + L1 + GIoU cost."""
+    """Matches each query group to the targets of each image at minimal focal + L1 + GIoU cost,
+    plus mask BCE and dice costs for outputs and targets with masks."""
 
     def __init__(self, cost_class: float = 2.0, cost_bbox: float = 5.0, cost_giou: float = 2.0,
                  focal_alpha: float = 0.25, focal_gamma: float = 2.0, solver: str | None = None,
-                 box_cost: BoxCost = l1_box_cost) -> None:
+                 box_cost: BoxCost = l1_box_cost, cost_mask_ce: float = 5.0, cost_mask_dice: float = 5.0,
+                 mask_point_sample_ratio: int = 16) -> None:
         self.cost_class, self.cost_bbox, self.cost_giou = cost_class, cost_bbox, cost_giou
+        self.cost_mask_ce, self.cost_mask_dice = cost_mask_ce, cost_mask_dice
+        self.mask_point_sample_ratio = mask_point_sample_ratio
         self.box_cost = box_cost
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
         solver = solver or DEFAULT_SOLVER
@@ -107,32 +126,68 @@ class HungarianMatcher:
         class_cost = focal_class_cost(class_logits, self.focal_alpha, self.focal_gamma)
         return self.cost_bbox * box_cost + self.cost_class * class_cost + self.cost_giou * giou_cost
 
+    def mask_points(self, pred_masks: torch.Tensor | MaskFactors) -> torch.Tensor:
+        """h·w // ratio uniform points (1, P, 2), one draw shared by every query and target."""
+        spatial = pred_masks.spatial if isinstance(pred_masks, MaskFactors) else pred_masks
+        count = spatial.shape[-2] * spatial.shape[-1] // self.mask_point_sample_ratio
+        return torch.rand(1, count, 2, device=spatial.device)
+
+    def mask_costs(self, pred_masks: torch.Tensor | MaskFactors, target_masks: torch.Tensor,
+                   image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weighted mask BCE and dice costs, each (Q, T), of each target against the queries of its
+        image at `mask_points`; target_masks (T, H, W) padded to the input size."""
+        points = self.mask_points(pred_masks)
+        logits = mask_point_logits(at_least_fp32_masks(pred_masks), points)  # (B, Q, P)
+        labels = target_point_labels(target_masks, points.expand(len(target_masks), -1, -1)).to(logits.dtype)
+        # every query against every target, as one product; each target then keeps its own image's
+        ce, dice = (cost.view(*logits.shape[:2], -1) for cost in pairwise_mask_costs(logits.flatten(0, 1), labels))
+        targets = torch.arange(len(image), device=image.device)
+        return self.cost_mask_ce * ce[image, :, targets].T, self.cost_mask_dice * dice[image, :, targets].T
+
     @torch.no_grad()
-    def match_layers(self, layers: list[tuple[torch.Tensor, torch.Tensor]], targets: list[Target],
-                     groups: int) -> list[Matches]:
+    def match_layers(self, layers: list[tuple[torch.Tensor, torch.Tensor]], targets: list[Target], groups: int,
+                     masks: list[PredMasks] | None = None, target_masks: torch.Tensor | None = None) -> list[Matches]:
         """(logits (B, Q, C), boxes (B, Q, 4) cxcywh) of each output layer -> its matches on the
-        logits' device; layers may differ in Q, each splits into `groups` equal query blocks."""
+        logits' device; layers may differ in Q, each splits into `groups` equal query blocks.
+        masks: each layer's mask logits, costed where given and `target_masks` (T, H, W), every
+        image's masks padded to the input size, are too."""
         for logits, _ in layers:
             if logits.shape[1] % groups:
                 raise ValueError(f"{logits.shape[1]} queries do not split into {groups} equal groups")
+        masks = [m if target_masks is not None else None for m in masks or [None] * len(layers)]
         sizes = [len(t.labels) for t in targets]
         if not sum(sizes):  # nothing to assign, nothing to wait for
+            for pred_masks in masks:  # but the points are drawn, keeping the reference's random stream
+                if pred_masks is not None:
+                    self.mask_points(pred_masks)
             empty = torch.zeros(0, dtype=torch.int64, device=layers[0][0].device)
-            return [Matches(empty, empty) for _ in layers]
+            return [Matches(empty, empty, [0] * len(sizes)) for _ in layers]
         labels = torch.cat([t.labels for t in targets])
         target_boxes = torch.cat([t.boxes for t in targets])
         image = torch.cat([t.labels.new_full(t.labels.shape, i) for i, t in enumerate(targets)])  # (T,)
-        costs = [self.cost_matrix(logits, boxes, labels, target_boxes, image) for logits, boxes in layers]
+        costs = []
+        for (logits, boxes), pred_masks in zip(layers, masks):
+            cost = self.cost_matrix(logits, boxes, labels, target_boxes, image)
+            if pred_masks is not None:
+                mask_ce, mask_dice = self.mask_costs(pred_masks, target_masks, image)
+                cost = cost + mask_ce + mask_dice
+            costs.append(cost)
         return self.solve(costs, sizes, groups)
 
-    def __call__(self, logits: torch.Tensor, boxes: torch.Tensor, targets: list[Target], groups: int) -> Matches:
+    def __call__(self, logits: torch.Tensor, boxes: torch.Tensor, targets: list[Target], groups: int,
+                 pred_masks: PredMasks = None, target_masks: torch.Tensor | None = None) -> Matches:
         """One output layer: logits (B, Q, C), boxes (B, Q, 4) cxcywh -> its matches."""
-        return self.match_layers([(logits, boxes)], targets, groups)[0]
+        return self.match_layers([(logits, boxes)], targets, groups, [pred_masks], target_masks)[0]
 
 
 # A solver takes each layer's (Q, T) costs, the targets per image and the query groups, and
 # returns each layer's matches on the costs' device.
 Solver = Callable[[list[torch.Tensor], list[int], int], list[Matches]]
+
+
+def pair_counts(cost: torch.Tensor, sizes: list[int], groups: int) -> list[int]:
+    """Matched pairs per image of a layer with (Q, T) costs: each query block pairs min(Q/G, T_i)."""
+    return [groups * min(cost.shape[0] // groups, size) for size in sizes]
 
 
 def scipy_solver(costs: list[torch.Tensor], sizes: list[int], groups: int) -> list[Matches]:
@@ -145,7 +200,7 @@ def scipy_solver(costs: list[torch.Tensor], sizes: list[int], groups: int) -> li
         pieces.extend(assign_layer(flat.view(cost.shape).numpy(), sizes, groups))
     indices = host_to_device(torch.from_numpy(np.concatenate(pieces)), costs[0].device)
     back = indices.split([len(piece) for piece in pieces])
-    return [Matches(back[i], back[i + 1]) for i in range(0, len(back), 2)]
+    return [Matches(back[2 * i], back[2 * i + 1], pair_counts(cost, sizes, groups)) for i, cost in enumerate(costs)]
 
 
 def assign_layer(cost: np.ndarray, sizes: list[int], groups: int) -> tuple[np.ndarray, np.ndarray]:
@@ -181,8 +236,8 @@ def batched_solver(costs: list[torch.Tensor], sizes: list[int], groups: int) -> 
         problems = torch.cat([padded_problems(costs[i], groups, column) for i in layers])
         solved = batch_linear_assignment(non_finite_to_worst(problems))  # (N, block): slot or -1
         rows.update(zip(layers, row_of_slot(solved, slots).split(images * groups)))
-    return [Matches(image * cost.shape[0] + group * block + rows[i].flatten()[position], target)
-            for i, (cost, block) in enumerate(zip(costs, blocks))]
+    return [Matches(image * cost.shape[0] + group * block + rows[i].flatten()[position], target,
+                    pair_counts(cost, sizes, groups)) for i, (cost, block) in enumerate(zip(costs, blocks))]
 
 
 def padded_layout(sizes: list[int], groups: int) -> torch.Tensor:
