@@ -10,19 +10,36 @@ import torch
 
 
 @dataclass
+class MaskFactors:
+    """Mask logits kept factored, as segmentation models emit them while training: the logit of
+    query q at (y, x) is spatial[b, :, y, x] . queries[b, q, :] + bias, so losses can evaluate
+    only matched queries at sampled points instead of every query at every pixel."""
+
+    spatial: torch.Tensor  # (B, D, h, w) projected pixel features
+    queries: torch.Tensor  # (B, Q, D) projected query features
+    bias: torch.Tensor  # (1,)
+
+    def dense(self) -> torch.Tensor:
+        """(B, Q, h, w) logits of every query at every pixel."""
+        return torch.einsum("bdhw,bqd->bqhw", self.spatial, self.queries) + self.bias
+
+
+@dataclass
 class DetectorOutput(Mapping):
     """Predictions of one output layer; `out.pred_logits` and `out["pred_logits"]` both work.
 
     pred_logits (B, Q, C) raw class logits, C = num_classes + 1; pred_boxes (B, Q, 4)
     normalised cxcywh. The final layer also carries the auxiliary decoder layers (first to
-    second-to-last) and the two-stage encoder proposals. Absent (None) entries are not keys.
+    second-to-last) and the two-stage encoder proposals. Segmentation models add pred_masks:
+    (B, Q, H/r, W/r) logits in eval, MaskFactors while training. Absent (None) entries are not keys.
     """
 
     pred_logits: torch.Tensor
     pred_boxes: torch.Tensor
     aux_outputs: list[DetectorOutput] | None = None
     enc_outputs: DetectorOutput | None = None
-    extras: dict[str, Any] = field(default_factory=dict)  # optional heads: pred_masks, ...
+    extras: dict[str, Any] = field(default_factory=dict)  # other optional heads
+    pred_masks: torch.Tensor | MaskFactors | None = None
 
     def _items(self) -> dict[str, Any]:
         present = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extras"}
@@ -52,6 +69,7 @@ class Target:
     transformed image. Crowd regions (COCO iscrowd=1) are kept apart from the boxes, which
     losses train on, for evaluation to ignore detections on them: crowd_boxes (M, 4) xyxy in
     source-image pixels, so no transform or resize touches them; crowd_labels (M,) int64.
+    Segmentation data adds masks (N, h, w) bool, one per box, at the transformed image's size.
     """
 
     boxes: torch.Tensor
@@ -62,13 +80,14 @@ class Target:
     area: torch.Tensor | None = None
     crowd_boxes: torch.Tensor | None = None
     crowd_labels: torch.Tensor | None = None
+    masks: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> Target:
         def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
             return None if tensor is None else tensor.to(device, non_blocking=True)
 
         return Target(move(self.boxes), move(self.labels), self.image_id, self.orig_size, self.size,
-                      move(self.area), move(self.crowd_boxes), move(self.crowd_labels))
+                      move(self.area), move(self.crowd_boxes), move(self.crowd_labels), move(self.masks))
 
 
 @dataclass

@@ -138,7 +138,7 @@ def test_probe_step_leaves_the_detector_as_it_was_and_allocates_optimizer_state(
 
 def test_probe_step_refuses_a_non_finite_loss(tiny_kwargs):
     class NaNLoss:
-        def __call__(self, outputs, targets, groups):
+        def __call__(self, outputs, targets, groups, image_size):
             return type("Losses", (), {"total": outputs.pred_boxes.sum() * float("nan")})()
 
     detector, probe = tiny_probe(tiny_kwargs, NaNLoss())

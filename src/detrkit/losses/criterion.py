@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from detrkit.config import ModelConfig, TrainConfig
+from detrkit.config import ModelConfig, SegmentationTrainConfig, TrainConfig
 from detrkit.losses.masks import pad_target_masks, point_mask_losses
 from detrkit.losses.matcher import HungarianMatcher, Matches, at_least_fp32, at_least_fp32_masks, host_to_device
 from detrkit.losses.terms import giou_box_loss, ia_bce_loss, l1_box_loss
@@ -133,4 +133,11 @@ def build_criterion(model_config: ModelConfig, train_config: TrainConfig) -> Set
     if not model_config.ia_bce_loss:
         raise NotImplementedError("only the IA-BCE classification loss (ia_bce_loss=True) is implemented; "
                                   "the sigmoid focal loss (ia_bce_loss=False) is not")
-    return SetCriterion(HungarianMatcher(), cls_loss_coef=train_config.cls_loss_coef)
+    if not isinstance(train_config, SegmentationTrainConfig):
+        return SetCriterion(HungarianMatcher(), cls_loss_coef=train_config.cls_loss_coef)
+    mask = dict(mask_point_sample_ratio=train_config.mask_point_sample_ratio)
+    matcher = HungarianMatcher(cost_mask_ce=train_config.mask_ce_loss_coef,
+                               cost_mask_dice=train_config.mask_dice_loss_coef, **mask)
+    return SetCriterion(matcher, cls_loss_coef=train_config.cls_loss_coef,
+                        mask_ce_loss_coef=train_config.mask_ce_loss_coef,
+                        mask_dice_loss_coef=train_config.mask_dice_loss_coef, **mask)

@@ -97,11 +97,14 @@ def choose_batch(fits: Callable[[int], bool], *, target_effective: int, world_si
 
 def synthetic_batch(batch_size: int, side: int, num_channels: int, boxes_per_image: int,
                     device: torch.device) -> Batch:
-    """Random square images, each with `boxes_per_image` identical boxes of class 0."""
+    """Random square images, each with `boxes_per_image` identical boxes of class 0 and their masks
+    (one shared tensor; detection losses ignore it)."""
     pixels = torch.randn(batch_size, num_channels, side, side, device=device)  # (B, C, S, S)
     boxes = torch.tensor([[0.5, 0.5, 0.5, 0.5]], device=device).expand(boxes_per_image, 4)  # (N, 4) cxcywh
     labels = torch.zeros(boxes_per_image, dtype=torch.long, device=device)
-    targets = [Target(boxes, labels, image_id=i, orig_size=(side, side), size=(side, side))
+    masks = torch.zeros(boxes_per_image, side, side, dtype=torch.bool, device=device)  # (N, S, S), the box filled
+    masks[:, side // 4:side - side // 4, side // 4:side - side // 4] = True
+    targets = [Target(boxes, labels, image_id=i, orig_size=(side, side), size=(side, side), masks=masks)
                for i in range(batch_size)]
     return Batch(pixels, None, targets)
 
@@ -134,7 +137,8 @@ class MemoryProbe:
             with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
                 outputs = detector(batch.pixels, batch.padding)
                 with torch.autocast(device.type, enabled=False):  # losses in fp32, as in training_step
-                    total = self.criterion(outputs, batch.targets, groups=detector.groups).total
+                    total = self.criterion(outputs, batch.targets, groups=detector.groups,
+                                           image_size=batch.pixels.shape[-2:]).total
             if not torch.isfinite(total):
                 raise RuntimeError(f'batch_size="auto": the probe loss on a synthetic batch of {batch_size} is '
                                    f"{total.item()}; the model is not numerically sound at this precision")

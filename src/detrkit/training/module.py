@@ -94,7 +94,7 @@ class RFDETRModelModule(pl.LightningModule):
         outputs = (self._train_forward or self.model)(batch.pixels, batch.padding)
         groups = self.model.groups if self.model.training else 1
         with torch.autocast(self.device.type, enabled=False):  # matching and losses in fp32
-            losses = self.criterion(outputs, batch.targets, groups=groups)
+            losses = self.criterion(outputs, batch.targets, groups=groups, image_size=batch.pixels.shape[-2:])
         size, config = len(batch), self.train_config
         sync, on_step = config.train_log_sync_dist, config.train_log_on_step
         self.log("train/loss", losses.total, on_step=on_step, on_epoch=True, sync_dist=sync, batch_size=size)
@@ -168,7 +168,7 @@ class RFDETRModelModule(pl.LightningModule):
             outputs = detector(batch.pixels, batch.padding)
             if self._loss_stage == stage and prefix == ("" if "" in tracks else "ema_"):  # what {stage}/* report
                 with torch.autocast(self.device.type, enabled=False):  # matching and losses in fp32
-                    loss = self.criterion(outputs, batch.targets, groups=1).total
+                    loss = self.criterion(outputs, batch.targets, groups=1, image_size=batch.pixels.shape[-2:]).total
                 self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(batch))
             # scores from fp32 logits: bf16's 8-bit mantissa would tie many of them and move the AP
             detections = top_detections(outputs.pred_logits.float(), outputs.pred_boxes.float(), sizes,
