@@ -9,7 +9,10 @@ import pytest
 import torch
 
 import detrkit
-from detrkit import RFDETR, RFDETRLarge, RFDETRMedium, RFDETRNano, RFDETRSmall, from_checkpoint
+from detrkit import (
+    RFDETR, RFDETRLarge, RFDETRMedium, RFDETRNano, RFDETRSeg2XLarge, RFDETRSegLarge, RFDETRSegMedium, RFDETRSegNano,
+    RFDETRSegSmall, RFDETRSegXLarge, RFDETRSmall, from_checkpoint,
+)
 from detrkit.config import default_device
 from detrkit.models.weights import Checkpoint
 from detrkit.variants import model_class_for
@@ -166,12 +169,31 @@ def checkpoint(model_name: str | None = None, pretrain_weights: str | None = Non
     (None, "rf-detr-large-2026.pth", "x.pth", RFDETRLarge),
     (None, None, "my-nano-run.ckpt", RFDETRNano),
     (None, None, "Large_best.pth", RFDETRLarge),
-    ("RFDETRSegNano", None, "run-small.pth", RFDETRSmall),  # unknown class names fall through
+    ("RFDETRKeypointPreview", None, "run-small.pth", RFDETRSmall),  # unknown class names fall through
+    ("RFDETRSegNano", None, "run-small.pth", RFDETRSegNano),
+    (None, "rf-detr-seg-nano.pt", "x.pth", RFDETRSegNano),  # not Nano: "seg-nano" contains "nano"
+    (None, "rf-detr-seg-small.pt", "x.pth", RFDETRSegSmall),
+    (None, "rf-detr-seg-medium.pt", "x.pth", RFDETRSegMedium),
+    (None, "rf-detr-seg-large.pt", "x.pth", RFDETRSegLarge),
+    (None, "rf-detr-seg-xlarge.pt", "x.pth", RFDETRSegXLarge),  # not SegLarge nor Large
+    (None, "rf-detr-seg-xxlarge.pt", "x.pth", RFDETRSeg2XLarge),  # the published 2XLarge file name
+    (None, None, "my-seg-2xlarge-run.pth", RFDETRSeg2XLarge),
+    (None, None, "rf-detr-seg-nano.pt", RFDETRSegNano),
+    (None, "rf-detr-nano.pth", "seg-small-copy.pth", RFDETRNano),  # the weights' name before the file's
     (None, "custom.pth", "checkpoint_best_total.pth", RFDETR),
     (None, None, "checkpoint.pth", RFDETR),
 ])
 def test_model_class_is_resolved_from_name_then_weights_then_file(model_name, weights, file_name, expected):
     assert model_class_for(checkpoint(model_name, weights), Path("/runs") / file_name) is expected
+
+
+def test_segmentation_checkpoint_rebuilds_its_class_and_masks(tiny_kwargs, tmp_path):
+    source = tiny(RFDETRSegNano, tiny_kwargs, patch_size=16, num_windows=2)
+    model = rebuild(save_trained(source, tmp_path / "checkpoint_best_total.pth"))
+    assert type(model) is RFDETRSegNano and model.model_config.segmentation_head
+    pixels = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(model.model(pixels).pred_masks, source.model(pixels).pred_masks)
 
 
 def test_file_name_hint_builds_that_variant(tiny_kwargs, tmp_path):

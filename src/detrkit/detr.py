@@ -159,7 +159,7 @@ class RFDETR:
 
         from detrkit.training.callbacks.user_hooks import UserHooks
 
-        train_config, trainer_kwargs = split_train_kwargs(kwargs)
+        train_config, trainer_kwargs = split_train_kwargs(kwargs, self.train_config_class)
         if any(self.callbacks.values()):
             trainer_kwargs["callbacks"] = [*trainer_kwargs.get("callbacks", []), UserHooks(self.callbacks)]
         train_config = self._settle_precision_and_batch(train_config)

@@ -1,11 +1,11 @@
-"""The published RF-DETR detection presets: config defaults per class, nothing else."""
+"""The published RF-DETR detection and segmentation presets: config defaults per class, nothing else."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from detrkit.config import ModelConfig
+from detrkit.config import ModelConfig, SegmentationTrainConfig
 from detrkit.detr import RFDETR
 
 if TYPE_CHECKING:
@@ -40,6 +40,64 @@ class RFDETRLargeConfig(ModelConfig):
     pretrain_weights: str | None = "rf-detr-large-2026.pth"
 
 
+class _SegmentationConfig(ModelConfig):
+    """What every published segmentation preset shares."""
+
+    segmentation_head: bool = True
+    patch_size: int = 12
+
+
+class RFDETRSegNanoConfig(_SegmentationConfig):
+    num_windows: int = 1
+    dec_layers: int = 4
+    resolution: int = 312
+    positional_encoding_size: int = 26
+    num_queries: int = 100
+    num_select: int = 100
+    pretrain_weights: str | None = "rf-detr-seg-nano.pt"
+
+
+class RFDETRSegSmallConfig(_SegmentationConfig):
+    dec_layers: int = 4
+    resolution: int = 384
+    positional_encoding_size: int = 32
+    num_queries: int = 100
+    num_select: int = 100
+    pretrain_weights: str | None = "rf-detr-seg-small.pt"
+
+
+class RFDETRSegMediumConfig(_SegmentationConfig):
+    dec_layers: int = 5
+    resolution: int = 432
+    positional_encoding_size: int = 36
+    num_queries: int = 200
+    num_select: int = 200
+    pretrain_weights: str | None = "rf-detr-seg-medium.pt"
+
+
+class RFDETRSegLargeConfig(_SegmentationConfig):
+    dec_layers: int = 5
+    resolution: int = 504
+    positional_encoding_size: int = 42
+    num_queries: int = 200
+    num_select: int = 200
+    pretrain_weights: str | None = "rf-detr-seg-large.pt"
+
+
+class RFDETRSegXLargeConfig(_SegmentationConfig):
+    dec_layers: int = 6
+    resolution: int = 624
+    positional_encoding_size: int = 52
+    pretrain_weights: str | None = "rf-detr-seg-xlarge.pt"
+
+
+class RFDETRSeg2XLargeConfig(_SegmentationConfig):
+    dec_layers: int = 6
+    resolution: int = 768
+    positional_encoding_size: int = 64
+    pretrain_weights: str | None = "rf-detr-seg-xxlarge.pt"
+
+
 class RFDETRNano(RFDETR):
     config_class = RFDETRNanoConfig
 
@@ -56,10 +114,45 @@ class RFDETRLarge(RFDETR):
     config_class = RFDETRLargeConfig
 
 
-# name -> class, in the order a checkpoint's weight-file name is matched against them
+class RFDETRSegmentation(RFDETR):
+    """Instance segmentation presets: trained with the mask losses of SegmentationTrainConfig."""
+
+    train_config_class = SegmentationTrainConfig
+
+
+class RFDETRSegNano(RFDETRSegmentation):
+    config_class = RFDETRSegNanoConfig
+
+
+class RFDETRSegSmall(RFDETRSegmentation):
+    config_class = RFDETRSegSmallConfig
+
+
+class RFDETRSegMedium(RFDETRSegmentation):
+    config_class = RFDETRSegMediumConfig
+
+
+class RFDETRSegLarge(RFDETRSegmentation):
+    config_class = RFDETRSegLargeConfig
+
+
+class RFDETRSegXLarge(RFDETRSegmentation):
+    config_class = RFDETRSegXLargeConfig
+
+
+class RFDETRSeg2XLarge(RFDETRSegmentation):
+    config_class = RFDETRSeg2XLargeConfig
+
+
+# name -> class, in the order a checkpoint's weight-file name is matched against them: a name
+# that contains another ("seg-nano" contains "nano") comes first
 VARIANTS: dict[str, type[RFDETR]] = {
+    "seg-2xlarge": RFDETRSeg2XLarge, "seg-xlarge": RFDETRSegXLarge, "seg-large": RFDETRSegLarge,
+    "seg-medium": RFDETRSegMedium, "seg-small": RFDETRSegSmall, "seg-nano": RFDETRSegNano,
     "large": RFDETRLarge, "medium": RFDETRMedium, "small": RFDETRSmall, "nano": RFDETRNano,
 }
+# names that published weight files use besides the registry's, matched before it
+_FILE_NAMES: dict[str, type[RFDETR]] = {"seg-xxlarge": RFDETRSeg2XLarge}
 
 
 def model_class_for(checkpoint: "Checkpoint", path: str | Path) -> type[RFDETR]:
@@ -68,7 +161,7 @@ def model_class_for(checkpoint: "Checkpoint", path: str | Path) -> type[RFDETR]:
     if checkpoint.model_name in by_class_name:
         return by_class_name[checkpoint.model_name]
     for hint in (str(checkpoint.args.get("pretrain_weights") or ""), Path(path).name):
-        for name, cls in VARIANTS.items():
+        for name, cls in {**_FILE_NAMES, **VARIANTS}.items():
             if name in hint.lower():
                 return cls
     return RFDETR

@@ -1,4 +1,4 @@
-"""The detector on CUDA gives the CPU's outputs and gradients (fp32 with TF32 off), tiny and Nano."""
+"""The detector on CUDA gives the CPU's outputs and gradients (fp32 with TF32 off): tiny, tiny with masks, Nano."""
 
 import pytest
 import torch
@@ -70,3 +70,22 @@ def test_nano_inference_matches_cpu():
     rows = torch.cat((gpu.pred_boxes.cpu() - cpu.pred_boxes, (gpu.pred_logits.cpu() - cpu.pred_logits) / 10), -1)
     agree = (rows.abs().amax(-1) < 2e-3).float().mean()
     assert agree > 0.95, f"only {agree:.1%} of query rows agree"
+
+
+def test_tiny_segmentation_masks_and_head_gradients_match_cpu(tiny_kwargs):
+    model = perturbed(ModelConfig(**tiny_kwargs, segmentation_head=True)).train()
+    pixels = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+    results = []
+    for device in ("cpu", "cuda"):
+        model.to(device).zero_grad(set_to_none=True)
+        out = model(pixels.to(device))
+        masks = [o.pred_masks.dense() for o in (out, *out.aux_outputs, out.enc_outputs)]
+        sum(m.square().mean() for m in masks).backward()
+        grads = {n: p.grad.to("cpu", copy=True) for n, p in model.segmentation_head.named_parameters()}
+        results.append(([m.detach().cpu() for m in masks], grads))
+    (cpu_masks, cpu_grads), (cuda_masks, cuda_grads) = results
+    for cpu_mask, cuda_mask in zip(cpu_masks, cuda_masks, strict=True):
+        torch.testing.assert_close(cuda_mask, cpu_mask, atol=2e-4, rtol=1e-3)
+    for name, grad in cpu_grads.items():
+        scale = grad.abs().max().clamp_min(1e-3)
+        torch.testing.assert_close(cuda_grads[name] / scale, grad / scale, atol=2e-3, rtol=0, msg=name)

@@ -171,3 +171,31 @@ def test_weights_url_uses_published_base_unless_mirrored(monkeypatch: pytest.Mon
     assert download.weights_url("rf-detr-seg-nano.pt") == "https://storage.googleapis.com/rfdetr/rf-detr-seg-n-ft.pth"
     monkeypatch.setenv("DETRKIT_WEIGHTS_URL", "http://mirror.local/base/")
     assert download.weights_url("rf-detr-base.pth") == "http://mirror.local/base/rfdetr/rf-detr-base-coco.pth"
+
+
+def test_segmentation_checkpoint_downloads_under_its_published_name(server, cache: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    name = "rf-detr-seg-nano.pt"
+    url_path, _ = download.PUBLISHED_WEIGHTS[name]
+    monkeypatch.setitem(download.PUBLISHED_WEIGHTS, name, (url_path, BODY_MD5))
+    found = resolve_weights(name)
+    assert found == cache / name and found.read_bytes() == BODY
+    assert server.paths == ["/mirror/rfdetr/rf-detr-seg-n-ft.pth"]  # the file is named otherwise upstream
+    assert resolve_weights(name) == found and len(server.paths) == 1
+
+
+def test_every_segmentation_preset_names_a_published_checkpoint() -> None:
+    from detrkit.variants import VARIANTS
+
+    published = {  # spec 1.2: cache name -> (upstream path, md5)
+        "rf-detr-seg-nano.pt": ("/rfdetr/rf-detr-seg-n-ft.pth", "9995497791d0ff1664a1d9ddee9cfd20"),
+        "rf-detr-seg-small.pt": ("/rfdetr/rf-detr-seg-s-ft.pth", "0a2a3006381d0c42853907e700eadd08"),
+        "rf-detr-seg-medium.pt": ("/rfdetr/rf-detr-seg-m-ft.pth", "a49af1562c3719227ad43d0ca53b4c7a"),
+        "rf-detr-seg-large.pt": ("/rfdetr/rf-detr-seg-l-ft.pth", "275f7b094909544ed2841c94a677d07e"),
+        "rf-detr-seg-xlarge.pt": ("/rfdetr/rf-detr-seg-xl-ft.pth", "3693b35d0eea86ebb3e0444f4a611fba"),
+        "rf-detr-seg-xxlarge.pt": ("/rfdetr/rf-detr-seg-2xl-ft.pth", "040bc3412af840fa8a47e0ff69b552ba"),
+    }
+    presets = [cls.config_class.model_fields["pretrain_weights"].default
+               for name, cls in VARIANTS.items() if name.startswith("seg-")]
+    assert sorted(presets) == sorted(published)
+    assert {name: download.PUBLISHED_WEIGHTS[name] for name in published} == published

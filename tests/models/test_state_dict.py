@@ -1,4 +1,5 @@
-"""Every published variant builds with exactly the published checkpoint's tensor names and shapes."""
+"""Every published variant, detection and segmentation, builds with exactly the published checkpoint's
+tensor names and shapes."""
 
 from pathlib import Path
 
@@ -9,7 +10,11 @@ from detrkit.models.build import build_model
 from detrkit.variants import VARIANTS
 
 TABLES = Path(__file__).parent.parent / "data" / "state_dicts"
-PARAMETER_COUNTS = {"nano": 30_467_298, "small": 32_111_170, "medium": 33_687_458, "large": 33_933_218}
+PARAMETER_COUNTS = {
+    "nano": 30_467_298, "small": 32_111_170, "medium": 33_687_458, "large": 33_933_218,
+    "seg-nano": 33_577_475, "seg-small": 33_711_107, "seg-medium": 35_694_259, "seg-large": 35_873_971,
+    "seg-xlarge": 38_113_635, "seg-2xlarge": 38_648_163,
+}
 
 
 def published_entries(variant: str) -> list[tuple[str, list[int], str]]:
@@ -39,3 +44,15 @@ def test_head_initialisation_follows_spec():
     vit = model.backbone[0].encoder.encoder
     assert torch.equal(vit.embeddings.mask_token, torch.zeros(1, 384))
     assert torch.equal(vit.encoder.layer[0].layer_scale1.lambda1, torch.ones(384))
+
+
+def test_segmentation_head_starts_at_pytorch_defaults_with_zero_bias():
+    model = build_model(VARIANTS["seg-nano"].config_class(pretrain_weights=None, device="cpu"))
+    head = model.segmentation_head
+    assert len(head.blocks) == 4 and torch.equal(head.bias, torch.zeros(1))
+    assert torch.equal(head.blocks[0].norm.weight, torch.ones(256)) and head.blocks[0].norm.eps == 1e-6
+    assert head.query_features_block.norm_in.eps == 1e-5
+    bound = 1 / 256**0.5  # kaiming-uniform default of a 256-input Linear
+    assert head.query_features_proj.weight.abs().max() <= bound
+    assert head.query_features_proj.weight.std() > bound / 3
+    assert build_model(VARIANTS["nano"].config_class(pretrain_weights=None, device="cpu")).segmentation_head is None

@@ -5,13 +5,13 @@ from __future__ import annotations
 from detrkit.config import ModelConfig
 from detrkit.models.backbone import Backbone
 from detrkit.models.detector import Detector
+from detrkit.models.heads.mask import SegmentationHead
 from detrkit.models.projector import MultiScaleProjector
 from detrkit.models.two_stage import Transformer
 from detrkit.models.vit import DinoV2, WindowedDinov2, init_vit_weights
 
 # Settings that describe variants this package does not build yet, with the feature they need.
 _NOT_YET = {
-    "segmentation_head": "instance segmentation (segmentation_head=True)",
     "use_grouppose_keypoints": "keypoint detection (use_grouppose_keypoints=True)",
     "backbone_lora": "DoRA fine-tuning of the encoder (backbone_lora=True)",
     "dual_projector": "a second projector for keypoint cross-attention (dual_projector=True)",
@@ -48,5 +48,8 @@ def build_model(config: ModelConfig, drop_path: float = 0.0) -> Detector:
         dim=config.hidden_dim, num_layers=config.dec_layers, sa_heads=config.sa_nheads,
         ca_heads=config.ca_nheads, levels=len(config.projector_scale), points=config.dec_n_points,
         ffn_dim=config.dim_feedforward, groups=config.group_detr, num_queries=config.num_queries)
+    segmentation_head = (SegmentationHead(config.hidden_dim, config.dec_layers, config.mask_downsample_ratio)
+                         if config.segmentation_head else None)
     return Detector(Backbone(DinoV2(vit), projector), transformer, num_logits=config.num_classes + 1,
-                    num_queries=config.num_queries, groups=config.group_detr, dim=config.hidden_dim)
+                    num_queries=config.num_queries, groups=config.group_detr, dim=config.hidden_dim,
+                    segmentation_head=segmentation_head)

@@ -7,19 +7,24 @@ from torch import nn
 
 from detrkit.models.backbone import Backbone
 from detrkit.models.heads.box import build_box_head, build_class_head, resize_class_head
-from detrkit.models.two_stage import Transformer, flatten_levels
+from detrkit.models.heads.mask import SegmentationHead
+from detrkit.models.two_stage import Transformer, TransformerOutput, flatten_levels
 from detrkit.ops.boxes import apply_box_delta
-from detrkit.structures import DetectorOutput
+from detrkit.structures import DetectorOutput, MaskFactors
+
+Masks = torch.Tensor | MaskFactors | None  # dense logits in eval, factors while training, None without a head
 
 
 class Detector(nn.Module):
     """Group DETR detector: `groups` query groups while training, the first one in eval.
 
     Attribute names follow the published RF-DETR checkpoints (`backbone.0`, `class_embed`, ...).
+    A segmentation head, when given, adds `pred_masks` to every output layer.
     """
 
     def __init__(self, backbone: Backbone, transformer: Transformer, *, num_logits: int,
-                 num_queries: int, groups: int, dim: int) -> None:
+                 num_queries: int, groups: int, dim: int,
+                 segmentation_head: SegmentationHead | None = None) -> None:
         super().__init__()
         self.num_queries = num_queries
         self.groups = groups
@@ -29,6 +34,7 @@ class Detector(nn.Module):
         self.class_embed = build_class_head(dim, num_logits)
         self.bbox_embed = build_box_head(dim)
         transformer.attach_encoder_heads(self.class_embed, self.bbox_embed, groups)
+        self.segmentation_head = segmentation_head  # registered here: checkpoint key order
         self.refpoint_embed = nn.Embedding(num_queries * groups, 4)
         nn.init.zeros_(self.refpoint_embed.weight)
         self.query_feat = nn.Embedding(num_queries * groups, dim)
@@ -55,6 +61,18 @@ class Detector(nn.Module):
                                self.refpoint_embed.weight[:rows], groups)
         logits = self.class_embed(out.hidden)  # (layers, B, Q, C)
         boxes = apply_box_delta(self.bbox_embed(out.hidden), out.reference)  # (layers, B, Q, 4)
-        aux = [DetectorOutput(logits[i], boxes[i]) for i in range(len(logits) - 1)]
-        enc = DetectorOutput(out.enc_logits, out.enc_boxes)
-        return DetectorOutput(logits[-1], boxes[-1], aux_outputs=aux, enc_outputs=enc)
+        layer_masks, enc_masks = self._masks(levels[0], out, (pixels.shape[-2], pixels.shape[-1]))
+        aux = [DetectorOutput(logits[i], boxes[i], pred_masks=layer_masks[i]) for i in range(len(logits) - 1)]
+        enc = DetectorOutput(out.enc_logits, out.enc_boxes, pred_masks=enc_masks)
+        return DetectorOutput(logits[-1], boxes[-1], aux_outputs=aux, enc_outputs=enc, pred_masks=layer_masks[-1])
+
+    def _masks(self, level: torch.Tensor, out: TransformerOutput, image_size: tuple[int, int]
+               ) -> tuple[list[Masks], Masks]:
+        """Mask logits per decoder layer and for the encoder proposals: dense in eval, factored
+        while training (losses sample them); Nones without a segmentation head."""
+        if self.segmentation_head is None:
+            return [None] * len(out.hidden), None
+        layers, encoder = self.segmentation_head(level, out.hidden, out.enc_features, image_size)
+        if self.training:
+            return layers, encoder
+        return [factors.dense() for factors in layers], encoder.dense()

@@ -25,6 +25,7 @@ SAFE_CLASSES = [argparse.Namespace, types.SimpleNamespace]
 _WRAPPER_PREFIXES = ("model.", "_orig_mod.")
 _POSITION_KEY = "backbone.0.encoder.encoder.embeddings.position_embeddings"
 _PATCH_KEY = "backbone.0.encoder.encoder.embeddings.patch_embeddings.projection.weight"
+_MASK_HEAD_PREFIX = "segmentation_head."
 _QUERY_KEYS = ("refpoint_embed.weight", "query_feat.weight")
 
 
@@ -106,6 +107,7 @@ def fit_weights(checkpoint: Checkpoint, model: torch.nn.Module) -> dict[str, tor
     target = model.state_dict()
     weights = dict(checkpoint.weights)
     _check_patch_size(checkpoint, target)
+    _check_segmentation_head(checkpoint, target)
     num_logits = target["class_embed.bias"].shape[0]
     for key, value in weights.items():
         if _is_class_head(key) and value.shape[0] != num_logits:
@@ -131,6 +133,20 @@ def _check_patch_size(checkpoint: Checkpoint, target: dict[str, torch.Tensor]) -
         raise CheckpointError(
             f"{checkpoint.path} was trained with patch size {saved}, the model is configured with "
             f"patch_size={wanted}; pick the matching model class")
+
+
+def _check_segmentation_head(checkpoint: Checkpoint, target: dict[str, torch.Tensor]) -> None:
+    """A segmentation checkpoint needs a segmentation model; a checkpoint saved as detection-only
+    (its config says segmentation_head=False) needs a detection model."""
+    saved = any(key.startswith(_MASK_HEAD_PREFIX) for key in checkpoint.weights)
+    wanted = any(key.startswith(_MASK_HEAD_PREFIX) for key in target)
+    declared = {**checkpoint.args, **checkpoint.model_config}.get("segmentation_head")
+    if saved and not wanted:
+        raise CheckpointError(f"{checkpoint.path} was trained with a segmentation head and the model has none; "
+                              "load it into a segmentation class such as RFDETRSegNano")
+    if wanted and not saved and declared is False:
+        raise CheckpointError(f"{checkpoint.path} was trained without a segmentation head and the model has "
+                              "one; load it into a detection class such as RFDETRNano")
 
 
 def _fit_query_rows(saved: torch.Tensor, current: torch.Tensor, args: dict[str, Any],

@@ -125,22 +125,23 @@ def run_callbacks(train_config: TrainConfig) -> list[pl.Callback]:
     return callbacks
 
 
-def split_train_kwargs(kwargs: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
-    """TrainConfig from its fields; Lightning Trainer arguments that are not fields pass through.
+def split_train_kwargs(kwargs: dict[str, Any], config_class: type[TrainConfig] = TrainConfig,
+                       ) -> tuple[TrainConfig, dict[str, Any]]:
+    """`config_class` from its fields; Lightning Trainer arguments that are not fields pass through.
 
     Anything that is neither raises pydantic's ValidationError naming it and the closest names of both.
     """
     trainer_params = set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
-    config_keys = set(TrainConfig.model_fields) | TrainConfig.legacy_keys
+    config_keys = set(config_class.model_fields) | config_class.legacy_keys
     unknown = [k for k in kwargs if k not in config_keys and k not in trainer_params]
     if unknown:
         message = unknown_keyword_message(unknown, config_keys | trainer_params,
-                                          "detrkit.config.TrainConfig and pytorch_lightning.Trainer")
-        raise ValidationError.from_exception_data(TrainConfig.__name__, [
+                                          f"detrkit.config.{config_class.__name__} and pytorch_lightning.Trainer")
+        raise ValidationError.from_exception_data(config_class.__name__, [
             {"type": PydanticCustomError("unknown_keyword", message), "loc": (), "input": kwargs}])
     passthrough = {k: v for k, v in kwargs.items() if k not in config_keys}
     fields = {k: v for k, v in kwargs.items() if k not in passthrough}
-    return TrainConfig(**fields), passthrough
+    return config_class(**fields), passthrough
 
 
 def _placement(train_config: TrainConfig) -> tuple[dict[str, Any], Accelerators]:
