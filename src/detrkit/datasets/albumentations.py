@@ -61,7 +61,7 @@ def build_compose(aug_config: dict[str, dict]) -> A.Compose:
 
 class AlbumentationsTransform:
     """A SampleTransform: `resize` (torchvision), then the aug_config on the uint8 HWC image with
-    its boxes, then to float and normalised. Albumentations keeps its own generators, so each
+    its boxes (and instance masks, as Albumentations `masks`), then to float and normalised. Albumentations keeps its own generators, so each
     sample reseeds them from the torch global generator, which the loader seeds per sample."""
 
     def __init__(self, resize: v2.Transform, aug_config: dict[str, dict]) -> None:
@@ -72,17 +72,24 @@ class AlbumentationsTransform:
 
     def __call__(self, image: tv_tensors.Image, sample: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
         image, sample = self.resize(image, sample)
-        boxes = sample["boxes"]
+        boxes, masks = sample["boxes"], sample.get("masks")
+        inputs = {"image": np.ascontiguousarray(image.permute(1, 2, 0).numpy()),
+                  "bboxes": boxes.as_subclass(torch.Tensor).numpy(), "indices": np.arange(len(boxes))}
+        if masks is not None and len(masks):  # Albumentations cannot stack an empty list of masks
+            inputs["masks"] = masks.as_subclass(torch.Tensor).to(torch.uint8).numpy()  # (N, H, W)
         self.compose.set_random_seed(int(torch.randint(0, 2**31, ())))
-        out = self.compose(image=np.ascontiguousarray(image.permute(1, 2, 0).numpy()),
-                           bboxes=boxes.as_subclass(torch.Tensor).numpy(), indices=np.arange(len(boxes)))
+        out = self.compose(**inputs)
         keep = torch.as_tensor(np.asarray(out["indices"], dtype=np.int64))
         pixels = torch.from_numpy(out["image"]).permute(2, 0, 1).contiguous()  # (C, H, W)
         height, width = pixels.shape[-2:]
         kept = torch.as_tensor(np.asarray(out["bboxes"], dtype=np.float32)).reshape(-1, 4)
-        sample = {"boxes": tv_tensors.BoundingBoxes(kept, format="XYXY", canvas_size=(height, width)),
+        result = {"boxes": tv_tensors.BoundingBoxes(kept, format="XYXY", canvas_size=(height, width)),
                   "labels": sample["labels"][keep], "area": sample["area"][keep]}
-        return self._normalise(pixels), sample
+        if masks is not None:  # masks of boxes the transforms dropped go with them
+            moved = torch.from_numpy(np.asarray(out["masks"])).bool() if "masks" in inputs else \
+                torch.zeros((len(masks), height, width), dtype=torch.bool)
+            result["masks"] = tv_tensors.Mask(moved[keep])
+        return self._normalise(pixels), result
 
     def _normalise(self, pixels: torch.Tensor) -> torch.Tensor:
         """uint8 (or [0, 1] float, which some transforms return) -> ImageNet-normalised float, in

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from detrkit.datasets import segments
 from detrkit.datasets.detection import DetectionDataset, ImageRecord, SampleTransform
 
 ROBOFLOW_ANNOTATIONS = "_annotations.coco.json"
@@ -27,14 +28,15 @@ class CategoryMap:
 
 
 class CocoDetection(DetectionDataset):
-    """One split of a COCO-format data set; labels 0..N-1 index the kept categories."""
+    """One split of a COCO-format data set; labels 0..N-1 index the kept categories. With
+    `masks`, every annotation's `segmentation` is checked and kept as compressed RLE."""
 
     def __init__(self, annotation_file: str | os.PathLike, image_dir: str | os.PathLike,
-                 transform: SampleTransform, categories: CategoryMap | None = None) -> None:
+                 transform: SampleTransform, categories: CategoryMap | None = None, masks: bool = False) -> None:
         annotation_file = Path(annotation_file)
         data = load_coco_json(annotation_file)
         self.categories = categories or category_map(data, annotation_file)
-        records = _read_records(data, annotation_file, Path(image_dir), self.categories)
+        records = _read_records(data, annotation_file, Path(image_dir), self.categories, masks)
         super().__init__(records, list(self.categories.names), transform,
                          dict(enumerate(self.categories.category_ids)))
 
@@ -74,34 +76,39 @@ def category_map(data: dict, path: Path) -> CategoryMap:
 
 
 def roboflow_splits(root: Path, train_transform: SampleTransform, eval_transform: SampleTransform,
-                    ) -> tuple[CocoDetection, CocoDetection, CocoDetection | None]:
+                    masks: bool = False) -> tuple[CocoDetection, CocoDetection, CocoDetection | None]:
     """`root/{train,valid,test}/_annotations.coco.json` with images beside; test is optional."""
-    train = CocoDetection(root / "train" / ROBOFLOW_ANNOTATIONS, root / "train", train_transform)
-    valid = CocoDetection(root / "valid" / ROBOFLOW_ANNOTATIONS, root / "valid", eval_transform, train.categories)
-    test_file = root / "test" / ROBOFLOW_ANNOTATIONS
-    test = CocoDetection(test_file, root / "test", eval_transform, train.categories) if test_file.exists() else None
+    def split(name: str, transform: SampleTransform, categories: CategoryMap | None) -> CocoDetection:
+        return CocoDetection(root / name / ROBOFLOW_ANNOTATIONS, root / name, transform, categories, masks)
+
+    train = split("train", train_transform, None)
+    valid = split("valid", eval_transform, train.categories)
+    test = split("test", eval_transform, train.categories) if (root / "test" / ROBOFLOW_ANNOTATIONS).exists() else None
     return train, valid, test
 
 
 def coco2017_splits(root: Path, train_transform: SampleTransform, eval_transform: SampleTransform,
-                    ) -> tuple[CocoDetection, CocoDetection, None]:
+                    masks: bool = False) -> tuple[CocoDetection, CocoDetection, None]:
     """`root/annotations/instances_{train,val}2017.json` with images in `root/{train,val}2017`."""
     def split(name: str, transform: SampleTransform, categories: CategoryMap | None) -> CocoDetection:
         folder = COCO_SPLITS[name]
-        return CocoDetection(root / "annotations" / f"instances_{folder}.json", root / folder, transform, categories)
+        return CocoDetection(root / "annotations" / f"instances_{folder}.json", root / folder, transform,
+                             categories, masks)
 
     train = split("train", train_transform, None)
     return train, split("valid", eval_transform, train.categories), None
 
 
-def _read_records(data: dict, path: Path, image_dir: Path, categories: CategoryMap) -> list[ImageRecord]:
+def _read_records(data: dict, path: Path, image_dir: Path, categories: CategoryMap,
+                  masks: bool) -> list[ImageRecord]:
     sizes, files = _index_images(data, path, image_dir)
     label_of = {category_id: label for label, category_id in enumerate(categories.category_ids)}
-    rows: dict[int, list[tuple[list[float], int, float, bool]]] = defaultdict(list)
+    rows: dict[int, list[tuple[list[float], int, float, bool, bytes | None]]] = defaultdict(list)
     degenerate = 0
     for annotation in data["annotations"]:
         image_id, label = _check_annotation(annotation, path, sizes, label_of)
         height, width = sizes[image_id]
+        rle = _mask_rle(annotation, path, (height, width)) if masks else None  # checked even if dropped below
         x, y, w, h = (float(v) for v in annotation["bbox"])
         box = [min(max(x, 0.0), width), min(max(y, 0.0), height),
                min(max(x + w, 0.0), width), min(max(y + h, 0.0), height)]
@@ -110,11 +117,29 @@ def _read_records(data: dict, path: Path, image_dir: Path, categories: CategoryM
             continue
         area = float(annotation.get("area", (box[2] - box[0]) * (box[3] - box[1])))
         normalised = [box[0] / width, box[1] / height, box[2] / width, box[3] / height]
-        rows[image_id].append((normalised, label, area, bool(annotation.get("iscrowd", 0))))
+        rows[image_id].append((normalised, label, area, bool(annotation.get("iscrowd", 0)), rle))
     if degenerate:
         warnings.warn(f"dropped {degenerate} degenerate boxes (width or height <= 0 after clamping to "
                       f"the image) in {path}", stacklevel=3)
-    return [_record(files[image_id], image_id, sizes[image_id], rows[image_id]) for image_id in files]
+    records = [_record(files[image_id], image_id, sizes[image_id], rows[image_id], masks) for image_id in files]
+    if masks:
+        _warn_empty_masks(records, path)
+    return records
+
+
+def _mask_rle(annotation: dict, path: Path, size: tuple[int, int]) -> bytes:
+    where = f"{path}: annotation {annotation.get('id')}"
+    return segments.encode_segmentation(annotation.get("segmentation"), size, where)
+
+
+def _warn_empty_masks(records: list[ImageRecord], path: Path) -> None:
+    """One warning counting the (non-crowd) boxes whose mask covers no pixel."""
+    empty = total = 0
+    for record in records:
+        kept = [rle for rle, crowd in zip(record.mask_rles, record.iscrowd) if not crowd]
+        empty += int((segments.mask_areas(kept, record.size) == 0).sum())
+        total += len(kept)
+    segments.warn_empty(empty, total, str(path))
 
 
 def _index_images(data: dict, path: Path, image_dir: Path) -> tuple[dict[int, tuple[int, int]], dict[int, Path]]:
@@ -152,12 +177,13 @@ def _check_annotation(annotation: dict, path: Path, sizes: dict, label_of: dict[
     return image_id, label_of[category_id]
 
 
-def _record(file: Path, image_id: int, size: tuple[int, int], rows: list) -> ImageRecord:
-    boxes, labels, area, crowd = zip(*rows) if rows else ((), (), (), ())
+def _record(file: Path, image_id: int, size: tuple[int, int], rows: list, masks: bool) -> ImageRecord:
+    boxes, labels, area, crowd, rles = zip(*rows) if rows else ((), (), (), (), ())
     return ImageRecord(
         path=file, image_id=image_id, size=size,
         boxes=np.array(boxes, dtype=np.float32).reshape(-1, 4),
         labels=np.array(labels, dtype=np.int64),
         iscrowd=np.array(crowd, dtype=bool),
         area=np.array(area, dtype=np.float32),
+        mask_rles=list(rles) if masks else None,
     )

@@ -45,9 +45,10 @@ def detect_format(dataset_dir: str | Path) -> DatasetFormat:
     raise ValueError(f"cannot tell the format of data set {root}: none of {looked} exists")
 
 
-def build_datasets(train_config: TrainConfig, model_config: ModelConfig) -> DatasetSplits:
-    """Read and check every split up front (annotations, categories, image files), with the
-    training and evaluation transforms that the configs describe."""
+def build_datasets(train_config: TrainConfig, model_config: ModelConfig, masks: bool | None = None) -> DatasetSplits:
+    """Read and check every split up front (annotations, categories, image files, and with
+    `masks` the segmentations), with the training and evaluation transforms that the configs
+    describe. `masks` defaults to the model having a segmentation head."""
     if train_config.dataset_dir is None:
         raise ValueError("TrainConfig.dataset_dir is not set; it must name the data set folder")
     root = Path(train_config.dataset_dir)
@@ -59,7 +60,8 @@ def build_datasets(train_config: TrainConfig, model_config: ModelConfig) -> Data
     square = train_config.square_resize_div_64
     train_transform = build_augmentation(train_config).train_transform(scales, square, train_config.scale_jitter)
     eval_transform = build_eval_transform(model_config.resolution, square)
-    train, valid, test = READERS[dataset_format](root, train_transform, eval_transform)
+    masks = model_config.segmentation_head if masks is None else masks
+    train, valid, test = READERS[dataset_format](root, train_transform, eval_transform, masks)
     names = train.class_names
     if train_config.class_names is not None and list(train_config.class_names) != names:
         raise ValueError(f"TrainConfig.class_names {train_config.class_names} differ from the class "

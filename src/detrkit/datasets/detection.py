@@ -14,10 +14,12 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
 from detrkit.datasets.images import read_image, to_tensor
+from detrkit.datasets.segments import decode_masks
 from detrkit.ops.boxes import xyxy_to_cxcywh
 from detrkit.structures import Target
 
-# (image, {"boxes", "labels", "area"}) -> (normalised float image, same keys), e.g. a v2.Compose
+# (image, {"boxes", "labels", "area"[, "masks"]}) -> (normalised float image, same keys), e.g. a
+# v2.Compose; "masks" is a tv_tensors.Mask (N, H, W) bool, present when the data set has masks
 SampleTransform = Callable[[tv_tensors.Image, dict[str, Any]], tuple[torch.Tensor, dict[str, Any]]]
 
 
@@ -28,6 +30,8 @@ class ImageRecord:
     boxes (N, 4) float32 xyxy normalised by the image size and clamped to [0, 1]; labels (N,)
     int64; iscrowd (N,) bool; area (N,) source pixels, or None for "box area"; size (H, W) when
     the annotation file states it, else None (read from the image header when needed).
+    mask_rles: one compressed COCO RLE string per row at `size` (which is then set), or None
+    when the data set is read without masks.
     """
 
     path: Path
@@ -37,13 +41,15 @@ class ImageRecord:
     iscrowd: np.ndarray
     area: np.ndarray | None = None
     size: tuple[int, int] | None = None
+    mask_rles: list[bytes] | None = None
 
 
 class DetectionDataset(Dataset):
     """Decodes record images, applies `transform` to pixels and boxes, returns (pixels, Target).
 
     Crowd regions stay out of the transformed boxes; every split's Target carries them apart,
-    in source pixels, for evaluation.
+    in source pixels, for evaluation. Records with masks give samples with masks, decoded here
+    for this sample only and transformed with their boxes.
     """
 
     def __init__(self, records: list[ImageRecord], class_names: list[str], transform: SampleTransform,
@@ -70,6 +76,8 @@ class DetectionDataset(Dataset):
             "labels": torch.from_numpy(record.labels[keep]),
             "area": area,
         }
+        if record.mask_rles is not None:
+            sample["masks"] = tv_tensors.Mask(_decode_kept(record, keep, (height, width)))
         pixels, sample = self.transform(image, sample)
         target = _to_target(sample, record.image_id, (height, width), tuple(pixels.shape[-2:]))
         # crowd regions skip the transform: evaluation reads them in source pixels
@@ -79,41 +87,61 @@ class DetectionDataset(Dataset):
 
     def coco_ground_truth(self) -> dict:
         """COCO-format {images, annotations, categories} in label space (category_id = label),
-        boxes xywh in source pixels, crowd regions included; annotation ids count from 1."""
+        boxes xywh in source pixels, crowd regions included; annotation ids count from 1. Data
+        read with masks add each annotation's `segmentation` as compressed RLE."""
         images, annotations = [], []
         for record in self.records:
-            height, width = record.size or _header_size(record.path)
+            height, width = record.size or header_size(record.path)
             images.append({"id": record.image_id, "file_name": record.path.name, "width": width, "height": height})
-            boxes = record.boxes * np.array([width, height, width, height], dtype=np.float32)
-            area = record.area if record.area is not None else _box_area(torch.from_numpy(boxes)).numpy()
-            for box, label, crowd, box_area in zip(boxes.tolist(), record.labels.tolist(),
-                                                   record.iscrowd.tolist(), area.tolist()):
-                annotations.append({
-                    "id": len(annotations) + 1, "image_id": record.image_id, "category_id": label,
-                    "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]], "area": box_area,
-                    "iscrowd": int(crowd),
-                })
+            annotations += _record_annotations(record, (height, width), len(annotations) + 1)
         categories = [{"id": label, "name": name, "supercategory": "none"}
                       for label, name in enumerate(self.class_names)]
         return {"images": images, "annotations": annotations, "categories": categories}
+
+
+def _record_annotations(record: ImageRecord, size: tuple[int, int], first_id: int) -> list[dict]:
+    height, width = size
+    boxes = record.boxes * np.array([width, height, width, height], dtype=np.float32)
+    area = record.area if record.area is not None else _box_area(torch.from_numpy(boxes)).numpy()
+    annotations = []
+    for row, (box, label, crowd, box_area) in enumerate(zip(boxes.tolist(), record.labels.tolist(),
+                                                            record.iscrowd.tolist(), area.tolist())):
+        annotation = {"id": first_id + row, "image_id": record.image_id, "category_id": label,
+                      "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]], "area": box_area,
+                      "iscrowd": int(crowd)}
+        if record.mask_rles is not None:  # str counts keep it JSON-safe; pycocotools reads both
+            annotation["segmentation"] = {"size": [height, width], "counts": record.mask_rles[row].decode("ascii")}
+        annotations.append(annotation)
+    return annotations
 
 
 def _box_area(boxes: torch.Tensor) -> torch.Tensor:
     return (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
 
 
+def _decode_kept(record: ImageRecord, keep: np.ndarray, size: tuple[int, int]) -> torch.Tensor:
+    """(N, H, W) bool masks of the non-crowd rows; the image must have the size the masks were read at."""
+    rows = np.flatnonzero(keep)
+    if len(rows) and record.size != size:
+        raise ValueError(f"image {record.path} is {size[1]}x{size[0]} (WxH) but its annotations give "
+                         f"{record.size[1]}x{record.size[0]}; its masks would not line up with it")
+    return decode_masks([record.mask_rles[row] for row in rows], size)
+
+
 def _to_target(sample: dict[str, Any], image_id: int, orig_size: tuple[int, int],
                size: tuple[int, int]) -> Target:
-    """Drop boxes a crop emptied; xyxy pixels -> cxcywh normalised by the output size."""
+    """Drop boxes a crop emptied, with their masks; xyxy pixels -> cxcywh normalised by the output size."""
     boxes = sample["boxes"].as_subclass(torch.Tensor)
     keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
     height, width = size
     scale = torch.tensor([width, height, width, height], dtype=boxes.dtype)
+    masks = sample.get("masks")
     return Target(boxes=xyxy_to_cxcywh(boxes[keep]) / scale, labels=sample["labels"][keep],
-                  image_id=image_id, orig_size=orig_size, size=size, area=sample["area"][keep])
+                  image_id=image_id, orig_size=orig_size, size=size, area=sample["area"][keep],
+                  masks=None if masks is None else masks.as_subclass(torch.Tensor)[keep].bool())
 
 
-def _header_size(path: Path) -> tuple[int, int]:
+def header_size(path: Path) -> tuple[int, int]:
     """(H, W) from the image header without decoding the pixels."""
     try:
         with Image.open(path) as image:

@@ -55,8 +55,9 @@ def build_ops(aug_config: dict[str, dict]) -> tuple[list, list]:
 class KorniaAugment:
     """Batch -> Batch on the batch's device: uint8 or [0, 1] pixels in, normalised pixels out.
 
-    All geometric ops compose into one matrix per image, applied by one warp of the whole batch
-    and to the boxes' corners; the colour ops follow in their config order. Each image moves
+    All geometric ops compose into one matrix per image, applied by one warp of the whole batch,
+    to the boxes' corners and to the instance masks (nearest); the colour ops follow in their
+    config order. Each image moves
     about its own centre, so padded batches work: the padding stays where it is and is zeroed.
     Randomness: one number from the torch global generator per batch seeds the draws.
     """
@@ -79,7 +80,7 @@ class KorniaAugment:
             for op in self.geometric:
                 matrix = op.matrices(sizes, draws) @ matrix
             images = apply_geometry(images, matrix, sizes)
-            targets = move_boxes(targets, matrix, sizes)
+            targets = move_boxes(move_masks(targets, matrix), matrix, sizes)
         if self.colour:
             images, scale = images.div_(scale), 1.0  # colour ops work in [0, 1]
         for op in self.colour:
@@ -152,9 +153,35 @@ def warp(images: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
                          align_corners=False)
 
 
+def move_masks(targets: list[Target], matrix: torch.Tensor) -> list[Target]:
+    """Each target's instance masks (N, h, w) through its image's (host) matrix, nearest: one
+    gather per moved image serves all of its masks; unmoved images and targets without masks stay."""
+    moved = []
+    for target, transform in zip(targets, matrix):
+        if target.masks is not None and len(target.masks) and not torch.equal(transform, torch.eye(3)):
+            target = replace(target, masks=warp_masks(target.masks, transform))
+        moved.append(target)
+    return moved
+
+
+def warp_masks(masks: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """(N, h, w) bool masks through a (3, 3) continuous-coordinate matrix: each output pixel takes
+    the input pixel its centre's inverse image falls in, false outside; the nearest-neighbour twin
+    of `warp`, by index (no float copy of the masks)."""
+    count, height, width = masks.shape
+    inverse = torch.linalg.inv(matrix.double()).float().to(masks.device)  # output -> input
+    xs = torch.arange(width, device=masks.device, dtype=torch.float32).add_(0.5)
+    ys = torch.arange(height, device=masks.device, dtype=torch.float32).add_(0.5)[:, None]
+    columns = (inverse[0, 0] * xs + inverse[0, 1] * ys + inverse[0, 2]).floor_()  # (h, w)
+    rows = (inverse[1, 0] * xs + inverse[1, 1] * ys + inverse[1, 2]).floor_()
+    inside = (columns >= 0) & (columns < width) & (rows >= 0) & (rows < height)
+    index = (rows.clamp_(0, height - 1) * width + columns.clamp_(0, width - 1)).long().flatten()
+    return masks.flatten(1).index_select(1, index).view(count, height, width) & inside
+
+
 def move_boxes(targets: list[Target], matrix: torch.Tensor, sizes: torch.Tensor) -> list[Target]:
     """Each target's boxes through its image's matrix: the box around the moved corners, clipped
-    to the image; boxes left without area are dropped with their labels and areas."""
+    to the image; boxes left without area are dropped with their labels, areas and masks."""
     counts = [len(t.labels) for t in targets]
     if not sum(counts):
         return targets
@@ -178,5 +205,12 @@ def move_boxes(targets: list[Target], matrix: torch.Tensor, sizes: torch.Tensor)
     areas = [None] * len(targets)
     if all(t.area is not None for t in targets):
         areas = torch.cat([t.area for t in targets]).index_select(0, index).split(kept_counts)
-    return [replace(target, boxes=box, labels=label, area=area)
-            for target, box, label, area in zip(targets, boxes, labels, areas)]
+    masks = [None if t.masks is None else t.masks.index_select(0, rows.to(t.masks.device, non_blocking=True))
+             for t, rows in zip(targets, _local_rows(keep, counts))]
+    return [replace(target, boxes=box, labels=label, area=area, masks=mask)
+            for target, box, label, area, mask in zip(targets, boxes, labels, areas, masks)]
+
+
+def _local_rows(keep: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
+    """The kept rows of each target, numbered within it, from the (N,) host flags of all rows."""
+    return [part.nonzero()[:, 0] for part in keep.split(counts)]

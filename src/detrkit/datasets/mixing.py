@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from detrkit.datasets.transforms import resize_masks
 from detrkit.ops.boxes import cxcywh_to_xyxy, xyxy_to_cxcywh
 from detrkit.structures import Target
 
@@ -25,44 +26,65 @@ MIN_VISIBLE = 0.25  # a mosaic keeps a box if at least this share of it stays on
 def mosaic(samples: list[Sample], centre: tuple[float, float]) -> Sample:
     """Four samples at half size around `centre` (x, y as fractions of the first sample's size):
     the first above left of it, then above right, below left, below right. Each tile is cut by
-    the canvas; boxes are cut with it and dropped when less than MIN_VISIBLE of them remains."""
+    the canvas; boxes (and masks) are cut with it, and dropped when less than MIN_VISIBLE of a box
+    remains."""
     pixels, first = samples[0]
     height, width = pixels.shape[-2:]
     tile_h, tile_w = height // 2, width // 2
     cx, cy = round(centre[0] * width), round(centre[1] * height)
     canvas = torch.zeros_like(pixels, dtype=torch.float32)
-    boxes, labels, areas = [], [], []
+    parts = []
     for (image, target), (right, below) in zip(samples, ((0, 0), (1, 0), (0, 1), (1, 1))):
         tile = F.interpolate(image[None].float(), size=(tile_h, tile_w), mode="bilinear", antialias=True,
                              align_corners=False)[0]
         left, top = (cx if right else cx - tile_w), (cy if below else cy - tile_h)
         x0, y0, x1, y1 = max(left, 0), max(top, 0), min(left + tile_w, width), min(top + tile_h, height)
         canvas[:, y0:y1, x0:x1] = tile[:, y0 - top:y1 - top, x0 - left:x1 - left]
-        placed = cxcywh_to_xyxy(target.boxes) * torch.tensor([tile_w, tile_h, tile_w, tile_h]) \
-            + torch.tensor([left, top, left, top])
-        cut = torch.minimum(torch.maximum(placed, torch.tensor([x0, y0, x0, y0])), torch.tensor([x1, y1, x1, y1]))
-        keep = _area(cut) >= MIN_VISIBLE * _area(placed).clamp(min=1e-6)
-        keep &= (cut[:, 2] > cut[:, 0]) & (cut[:, 3] > cut[:, 1])
-        boxes.append(cut[keep])
-        labels.append(target.labels[keep])
-        areas.append(_areas(target)[keep])
+        parts.append(_placed(target, (left, top, tile_w, tile_h), (x0, y0, x1, y1), (height, width)))
+    boxes, labels, areas, masks = (list(part) for part in zip(*parts))
     size = torch.tensor([width, height, width, height], dtype=torch.float32)
-    mixed = _mixed_target(first, xyxy_to_cxcywh(torch.cat(boxes)) / size, torch.cat(labels), torch.cat(areas))
+    mixed = _mixed_target(first, xyxy_to_cxcywh(torch.cat(boxes)) / size, torch.cat(labels), torch.cat(areas),
+                          _cat_masks(masks))
     return _like(canvas, pixels), mixed
 
 
+def _placed(target: Target, tile: tuple[int, int, int, int], window: tuple[int, int, int, int],
+            canvas: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(boxes xyxy on the canvas, labels, areas, masks (n, H, W) or None) of one tile placed with
+    its top-left corner at (left, top), cut to the window (x0, y0, x1, y1) of it that the canvas shows."""
+    left, top, tile_w, tile_h = tile
+    x0, y0, x1, y1 = window
+    placed = cxcywh_to_xyxy(target.boxes) * torch.tensor([tile_w, tile_h, tile_w, tile_h]) \
+        + torch.tensor([left, top, left, top])
+    cut = torch.minimum(torch.maximum(placed, torch.tensor([x0, y0, x0, y0])), torch.tensor([x1, y1, x1, y1]))
+    keep = _area(cut) >= MIN_VISIBLE * _area(placed).clamp(min=1e-6)
+    keep &= (cut[:, 2] > cut[:, 0]) & (cut[:, 3] > cut[:, 1])
+    masks = None
+    if target.masks is not None:
+        tiled = resize_masks(target.masks[keep], (tile_h, tile_w))
+        masks = tiled.new_zeros((len(tiled), *canvas))
+        masks[:, y0:y1, x0:x1] = tiled[:, y0 - top:y1 - top, x0 - left:x1 - left]
+    return cut[keep], target.labels[keep], _areas(target)[keep], masks
+
+
 def mixup(a: Sample, b: Sample, weight: float) -> Sample:
-    """weight * a + (1 - weight) * b (b resized to a's size), with the boxes of both."""
+    """weight * a + (1 - weight) * b (b resized to a's size), with the boxes (and masks) of both."""
     pixels, target = a
     other, other_target = b
     if other.shape[-2:] != pixels.shape[-2:]:
         other = F.interpolate(other[None].float(), size=tuple(pixels.shape[-2:]), mode="bilinear",
                               antialias=True, align_corners=False)[0]
     blend = weight * pixels.float() + (1 - weight) * other.float()
+    masks = [target.masks, None if other_target.masks is None else resize_masks(other_target.masks, target.size)]
     mixed = _mixed_target(target, torch.cat([target.boxes, other_target.boxes]),
                           torch.cat([target.labels, other_target.labels]),
-                          torch.cat([_areas(target), _areas(other_target)]))
+                          torch.cat([_areas(target), _areas(other_target)]), _cat_masks(masks))
     return _like(blend, pixels), mixed
+
+
+def _cat_masks(masks: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """The masks of all parts, or None when the samples carry none."""
+    return None if any(m is None for m in masks) else torch.cat(masks)
 
 
 def _area(boxes: torch.Tensor) -> torch.Tensor:
@@ -73,9 +95,10 @@ def _areas(target: Target) -> torch.Tensor:
     return target.area if target.area is not None else torch.zeros(len(target.labels))
 
 
-def _mixed_target(first: Target, boxes: torch.Tensor, labels: torch.Tensor, area: torch.Tensor) -> Target:
+def _mixed_target(first: Target, boxes: torch.Tensor, labels: torch.Tensor, area: torch.Tensor,
+                  masks: torch.Tensor | None) -> Target:
     """The first sample's identity with the combined boxes; crowd regions no longer apply."""
-    return replace(first, boxes=boxes.to(first.boxes.dtype), labels=labels, area=area,
+    return replace(first, boxes=boxes.to(first.boxes.dtype), labels=labels, area=area, masks=masks,
                    crowd_boxes=torch.zeros((0, 4)), crowd_labels=torch.zeros(0, dtype=torch.int64))
 
 

@@ -1,4 +1,8 @@
-"""Write a small Roboflow-COCO data set of coloured shapes on noisy backgrounds (the demo data)."""
+"""Write a small Roboflow-COCO data set of coloured shapes on noisy backgrounds (the demo data).
+
+Each shape is a polygon, written as its annotation's COCO `segmentation` and painted on exactly
+the pixels COCO's rasteriser gives it, so the masks are exact (the circle is a 48-gon).
+"""
 
 from __future__ import annotations
 
@@ -12,10 +16,12 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from detrkit.datasets.coco import ROBOFLOW_ANNOTATIONS
+from detrkit.datasets.segments import rasterise
 
 SHAPES = ("circle", "square", "triangle", "diamond")  # class i is drawn as SHAPES[i % 4]
 SIDE_RANGE = (0.10, 0.30)  # object side as a fraction of the image's shorter side
 PARENT = "shapes"  # Roboflow-style root category, dropped by the reader
+CIRCLE_VERTICES = 48
 
 
 def make_synthetic_dataset(root: str | os.PathLike, num_train: int = 48, num_valid: int = 16, num_test: int = 0,
@@ -48,10 +54,10 @@ def _write_split(folder: Path, count: int, size: tuple[int, int], classes: list[
         name = f"shapes_{image_id:05d}.jpg"
         image.save(folder / name, quality=92)
         images.append({"id": image_id, "file_name": name, "width": size[0], "height": size[1]})
-        for label, (x0, y0, x1, y1) in shapes:
+        for label, (x0, y0, x1, y1), polygon, area in shapes:
             annotations.append({"id": len(annotations), "image_id": image_id, "category_id": label + 1,
-                                "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0),
-                                "iscrowd": 0, "segmentation": []})
+                                "bbox": [x0, y0, x1 - x0, y1 - y0], "area": area, "iscrowd": 0,
+                                "segmentation": [polygon]})
     categories = [{"id": 0, "name": PARENT, "supercategory": "none"}]
     categories += [{"id": i + 1, "name": name, "supercategory": PARENT} for i, name in enumerate(classes)]
     data = {"info": {"description": "detrkit synthetic shapes"}, "images": images,
@@ -68,19 +74,25 @@ def class_colour(label: int, num_classes: int, rng: np.random.Generator | None =
     return round(red * 255), round(green * 255), round(blue * 255)
 
 
+Shape = tuple[int, tuple[int, int, int, int], list[float], int]  # label, box of the mask, polygon, area
+
+
 def _draw_image(size: tuple[int, int], num_classes: int, objects: tuple[int, int],
-                rng: np.random.Generator) -> tuple[Image.Image, list[tuple[int, tuple[int, int, int, int]]]]:
-    image = Image.fromarray(_background(size, rng))
-    draw = ImageDraw.Draw(image)
-    shapes: list[tuple[int, tuple[int, int, int, int]]] = []
+                rng: np.random.Generator) -> tuple[Image.Image, list[Shape]]:
+    pixels = _background(size, rng).copy()
+    shapes: list[Shape] = []
     for _ in range(int(rng.integers(objects[0], objects[1] + 1))):
-        box = _place(size, [box for _, box in shapes], rng)
+        box = _place(size, [shape[1] for shape in shapes], rng)
         if box is None:
             continue
         label = int(rng.integers(num_classes))
-        _draw_shape(draw, SHAPES[label % len(SHAPES)], box, class_colour(label, num_classes, rng))
-        shapes.append((label, box))
-    return image, shapes
+        polygon = shape_polygon(SHAPES[label % len(SHAPES)], box)
+        mask = rasterise([np.array(polygon).reshape(-1, 2)], (size[1], size[0]))  # (H, W)
+        pixels[mask] = class_colour(label, num_classes, rng)
+        ys, xs = np.nonzero(mask)  # the box hugs the painted pixels (a tip may not fill its pixel)
+        tight = (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1)
+        shapes.append((label, tight, polygon, int(mask.sum())))
+    return Image.fromarray(pixels), shapes
 
 
 def _background(size: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
@@ -100,13 +112,14 @@ def _background(size: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
 
 def _place(size: tuple[int, int], taken: list[tuple[int, int, int, int]],
            rng: np.random.Generator) -> tuple[int, int, int, int] | None:
-    """A square box (x0, y0, x1, y1), exclusive ends, overlapping no earlier box by IoU > 0.1."""
+    """A square box (x0, y0, x1, y1), exclusive ends, overlapping no earlier shape's box (so every
+    mask is all of its shape's pixels)."""
     width, height = size
     for _ in range(20):
         side = int(rng.uniform(*SIDE_RANGE) * min(width, height))
         x0, y0 = int(rng.integers(0, width - side + 1)), int(rng.integers(0, height - side + 1))
         box = (x0, y0, x0 + side, y0 + side)
-        if all(_iou(box, other) <= 0.1 for other in taken):
+        if all(_iou(box, other) == 0 for other in taken):
             return box
     return None
 
@@ -117,15 +130,18 @@ def _iou(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> float:
     return inter / union
 
 
-def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, box: tuple[int, int, int, int],
-                colour: tuple[int, int, int]) -> None:
-    x0, y0, x1, y1 = box[0], box[1], box[2] - 1, box[3] - 1  # PIL's ends are inclusive
+def shape_polygon(shape: str, box: tuple[int, int, int, int]) -> list[float]:
+    """COCO polygon [x1, y1, ..., xn, yn] of a shape filling the box (x0, y0, x1, y1), exclusive
+    ends, in COCO's continuous coordinates (pixel x covers [x, x + 1)), so its bounds are the box."""
+    x0, y0, x1, y1 = box
     cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
     if shape == "circle":
-        draw.ellipse((x0, y0, x1, y1), fill=colour)
+        turns = np.arange(CIRCLE_VERTICES) * (2 * np.pi / CIRCLE_VERTICES)
+        points = np.stack([cx + (x1 - x0) / 2 * np.cos(turns), cy + (y1 - y0) / 2 * np.sin(turns)], 1)
     elif shape == "square":
-        draw.rectangle((x0, y0, x1, y1), fill=colour)
+        points = np.array([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
     elif shape == "triangle":
-        draw.polygon([(x0, y1), (x1, y1), (cx, y0)], fill=colour)
+        points = np.array([(x0, y1), (x1, y1), (cx, y0)])
     else:
-        draw.polygon([(cx, y0), (x1, cy), (cx, y1), (x0, cy)], fill=colour)
+        points = np.array([(cx, y0), (x1, cy), (cx, y1), (x0, cy)])
+    return [round(float(v), 2) for v in points.ravel()]

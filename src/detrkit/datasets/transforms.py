@@ -110,12 +110,25 @@ def batch_scale(step: int, scales: Sequence[int]) -> int:
 
 def resize_batch(batch: Batch, size: int) -> Batch:
     """Resize the padded batch to (size, size): pixels bilinear without antialias, padding mask
-    nearest; normalised boxes are unchanged, each target's `size` follows its content."""
+    nearest; normalised boxes are unchanged, each target's `size` follows its content and its
+    instance masks (if any) are resized to that size, nearest."""
     pixels = F.interpolate(batch.pixels, size=(size, size), mode="bilinear", align_corners=False, antialias=False)
     padding = None
     if batch.padding is not None:
         padding = F.interpolate(batch.padding[:, None].float(), size=(size, size), mode="nearest")[:, 0].bool()
     height, width = batch.pixels.shape[-2:]
-    targets = [replace(t, size=(round(t.size[0] * size / height), round(t.size[1] * size / width)))
-               for t in batch.targets]
+    targets = []
+    for target in batch.targets:
+        content = (round(target.size[0] * size / height), round(target.size[1] * size / width))
+        masks = None if target.masks is None else resize_masks(target.masks, content)
+        targets.append(replace(target, size=content, masks=masks))
     return Batch(pixels, padding, targets)
+
+
+def resize_masks(masks: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """(N, h, w) bool masks -> (N, H, W) bool, nearest; as uint8, a quarter of float's bytes."""
+    if tuple(masks.shape[-2:]) == tuple(size):
+        return masks
+    if not len(masks):
+        return masks.new_zeros((0, *size))
+    return F.interpolate(masks[None].to(torch.uint8), size=size, mode="nearest")[0].bool()

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from detrkit.datasets.detection import DetectionDataset, ImageRecord, SampleTransform
+from detrkit.datasets import segments
+from detrkit.datasets.detection import DetectionDataset, ImageRecord, SampleTransform, header_size
 
 YAML_FILES = ("data.yaml", "data.yml")
 IMAGE_EXTENSIONS = frozenset({".bmp", ".dng", ".jpg", ".jpeg", ".mpo", ".png", ".tif", ".tiff", ".webp"})
@@ -39,28 +40,63 @@ class YoloConfig:
     entries: dict[str, list[str]]
 
 
+@dataclass
+class LabelRows:
+    """The kept rows of one label file: boxes (N, 4) xyxy normalised and clamped, labels (N,),
+    polygons (N of (n, 2) normalised x, y; a box line's four corners) and their line numbers;
+    `dropped` counts the degenerate boxes left out."""
+
+    boxes: np.ndarray
+    labels: np.ndarray
+    polygons: list[np.ndarray]
+    lines: list[int]
+    dropped: int
+
+
 class YoloDetection(DetectionDataset):
     """The given images with their YOLO label files; an image without a label file is background.
-    Image ids count the images in the order given."""
+    Image ids count the images in the order given. With `masks`, each row's mask is its polygon
+    filled (a box line's, its box), checked against the image size and kept as compressed RLE."""
 
-    def __init__(self, images: list[Path], class_names: list[str], transform: SampleTransform) -> None:
-        records, degenerate, labelled = [], {}, 0
+    def __init__(self, images: list[Path], class_names: list[str], transform: SampleTransform,
+                 masks: bool = False) -> None:
+        records, degenerate, labelled, empty, total = [], {}, 0, 0, 0
         for image_id, image in enumerate(images):
             label_file = label_path(image)
             labelled += label_file.is_file()
-            boxes, labels, dropped = read_label_file(label_file, len(class_names))
-            if dropped:
-                degenerate[label_file] = dropped
-            records.append(ImageRecord(path=image, image_id=image_id, boxes=boxes, labels=labels,
-                                       iscrowd=np.zeros(len(labels), dtype=bool)))
-        if degenerate:
-            files = ", ".join(str(file) for file in list(degenerate)[:3]) + (" ..." if len(degenerate) > 3 else "")
-            warnings.warn(f"dropped {sum(degenerate.values())} degenerate boxes (width or height <= 0 after "
-                          f"clamping to the image) in {files}", stacklevel=2)
-        if images and not labelled:
-            warnings.warn(f"none of the {len(images)} images has a label file (looked for "
-                          f"{label_path(images[0])} and the like); all are background", stacklevel=2)
+            size = header_size(image) if masks and label_file.is_file() else None
+            rows = read_label_file(label_file, len(class_names), size)
+            if rows.dropped:
+                degenerate[label_file] = rows.dropped
+            record = ImageRecord(path=image, image_id=image_id, boxes=rows.boxes, labels=rows.labels,
+                                 iscrowd=np.zeros(len(rows.labels), dtype=bool), size=size)
+            if masks:
+                record.mask_rles = _mask_rles(rows, label_file, size)
+                empty += int((segments.mask_areas(record.mask_rles, size) == 0).sum()) if size else 0
+                total += len(record.mask_rles)
+            records.append(record)
+        _warn_labels(images, degenerate, labelled)
+        if masks:
+            segments.warn_empty(empty, total, f"the label files of {len(images)} images")
         super().__init__(records, class_names, transform)
+
+
+def _mask_rles(rows: LabelRows, label_file: Path, size: tuple[int, int] | None) -> list[bytes]:
+    if size is None:  # no label file: a background image
+        return []
+    height, width = size
+    return [segments.encode_polygons([polygon * (width, height)], size, f"label file {label_file} line {line}")
+            for polygon, line in zip(rows.polygons, rows.lines)]
+
+
+def _warn_labels(images: list[Path], degenerate: dict[Path, int], labelled: int) -> None:
+    if degenerate:
+        files = ", ".join(str(file) for file in list(degenerate)[:3]) + (" ..." if len(degenerate) > 3 else "")
+        warnings.warn(f"dropped {sum(degenerate.values())} degenerate boxes (width or height <= 0 after "
+                      f"clamping to the image) in {files}", stacklevel=3)
+    if images and not labelled:
+        warnings.warn(f"none of the {len(images)} images has a label file (looked for "
+                      f"{label_path(images[0])} and the like); all are background", stacklevel=3)
 
 
 def label_path(image: Path) -> Path:
@@ -207,10 +243,10 @@ def _listed_images(list_file: Path, base: Path, where: str) -> list[Path]:
     return images
 
 
-def read_label_file(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """(boxes (N, 4) xyxy normalised and clamped, labels (N,), count of degenerate boxes dropped)
-    from lines `cls cx cy w h` or `cls x1 y1 ... xn yn` (box = polygon bounds)."""
-    boxes, labels, degenerate = [], [], 0
+def read_label_file(path: Path, num_classes: int, size: tuple[int, int] | None = None) -> LabelRows:
+    """The rows of lines `cls cx cy w h` or `cls x1 y1 ... xn yn` (box = polygon bounds). Given the
+    image size (H, W), a polygon more than a pixel outside the image is an error."""
+    boxes, labels, polygons, numbers, degenerate = [], [], [], [], 0
     try:
         lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
     except UnicodeDecodeError as error:
@@ -218,17 +254,33 @@ def read_label_file(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarra
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        label, box = _parse_line(line, path, number, num_classes)
+        label, box, points = _parse_line(line, path, number, num_classes)
+        if size is not None:
+            _check_inside(points, size, path, number)
         box = np.clip(box, 0.0, 1.0)
         if box[2] <= box[0] or box[3] <= box[1]:
             degenerate += 1
             continue
         boxes.append(box)
         labels.append(label)
-    return (np.array(boxes, dtype=np.float32).reshape(-1, 4), np.array(labels, dtype=np.int64), degenerate)
+        polygons.append(points)
+        numbers.append(number)
+    return LabelRows(np.array(boxes, dtype=np.float32).reshape(-1, 4), np.array(labels, dtype=np.int64),
+                     polygons, numbers, degenerate)
 
 
-def _parse_line(line: str, path: Path, number: int, num_classes: int) -> tuple[int, np.ndarray]:
+def _check_inside(points: np.ndarray, size: tuple[int, int], path: Path, number: int) -> None:
+    height, width = size
+    slack = segments.BORDER_SLACK / np.array([width, height])
+    if (points < -slack).any() or (points > 1 + slack).any():
+        low, high = points.min(axis=0), points.max(axis=0)
+        raise ValueError(f"label file {path} line {number}: the polygon spans x {low[0]:g}..{high[0]:g}, "
+                         f"y {low[1]:g}..{high[1]:g} (normalised), outside the {width}x{height} image by more "
+                         f"than {segments.BORDER_SLACK:g} pixel")
+
+
+def _parse_line(line: str, path: Path, number: int, num_classes: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """(class, box xyxy, (n, 2) vertices), all normalised; a box line's vertices are its corners."""
     fields = line.split()
     try:
         values = [float(field) for field in fields]
@@ -245,13 +297,14 @@ def _parse_line(line: str, path: Path, number: int, num_classes: int) -> tuple[i
                          f"{num_classes} class indices 0..{num_classes - 1}")
     if len(values) == 5:
         cx, cy, w, h = values[1:]
-        return int(label), np.array([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2])
-    points = np.array(values[1:]).reshape(-1, 2)  # (n, 2) polygon vertices x, y
-    return int(label), np.concatenate([points.min(axis=0), points.max(axis=0)])
+        x0, y0, x1, y1 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
+        return int(label), np.array([x0, y0, x1, y1]), np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]])
+    points = np.array(values[1:]).reshape(-1, 2)
+    return int(label), np.concatenate([points.min(axis=0), points.max(axis=0)]), points
 
 
 def yolo_splits(root: Path, train_transform: SampleTransform, eval_transform: SampleTransform,
-                ) -> tuple[YoloDetection, YoloDetection, YoloDetection | None]:
+                masks: bool = False) -> tuple[YoloDetection, YoloDetection, YoloDetection | None]:
     """train and valid are required, test is optional. Every split's images are found (and
     every declared entry checked) before any label file is read."""
     yaml_file = find_yaml(root)
@@ -260,9 +313,9 @@ def yolo_splits(root: Path, train_transform: SampleTransform, eval_transform: Sa
     config = read_yolo_config(yaml_file)
     images = {split: _required_split(config, split) for split in ("train", "valid")}
     images["test"] = _optional_split(config)
-    train = YoloDetection(images["train"], config.names, train_transform)
-    valid = YoloDetection(images["valid"], config.names, eval_transform)
-    test = YoloDetection(images["test"], config.names, eval_transform) if images["test"] else None
+    train = YoloDetection(images["train"], config.names, train_transform, masks)
+    valid = YoloDetection(images["valid"], config.names, eval_transform, masks)
+    test = YoloDetection(images["test"], config.names, eval_transform, masks) if images["test"] else None
     return train, valid, test
 
 
