@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 
 from detrkit.ops.boxes import cxcywh_to_xyxy
 
 
 def top_detections(logits: torch.Tensor, boxes: torch.Tensor, image_sizes: torch.Tensor,
-                   num_select: int) -> list[dict[str, torch.Tensor]]:
+                   num_select: int, masks: torch.Tensor | None = None) -> list[dict[str, torch.Tensor]]:
     """Best (query, class) pairs per image.
 
     logits (B, Q, C), boxes (B, Q, 4) normalised cxcywh, image_sizes (B, 2) as (H, W).
     Returns per image {"scores" (K,), "labels" (K,), "boxes" (K, 4) xyxy pixels clamped to the
     image}, K = min(num_select, Q * C), sorted by descending score (ties keep query order).
+    With masks (B, Q, h, w) logits, also "masks" (K, h, w): the selected queries' logits, for
+    masks_at_size to bring to an image size.
     """
     batch, queries, classes = logits.shape
     probs = logits.sigmoid().flatten(1)  # (B, Q*C)
@@ -29,4 +34,29 @@ def top_detections(logits: torch.Tensor, boxes: torch.Tensor, image_sizes: torch
     scale = torch.stack((width, height, width, height), 1)[:, None]  # (B, 1, 4)
     xyxy = torch.minimum((xyxy * scale).clamp(min=0), scale)
     labels = index % classes
-    return [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, xyxy)]
+    results = [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, xyxy)]
+    if masks is not None:
+        picked = masks.gather(1, query[..., None, None].expand(-1, -1, *masks.shape[-2:]))  # (B, K, h, w)
+        for result, image_masks in zip(results, picked):
+            result["masks"] = image_masks
+    return results
+
+
+def masks_at_size(logits: torch.Tensor, valid: tuple[int, int], size: tuple[int, int],
+                  chunk: int = 32) -> torch.Tensor:
+    """(K, H, W) bool masks from (K, h, w) logits over a padded input: the top-left `valid` (rows,
+    columns) cover the image; they are upsampled bilinearly (align_corners=False) to `size` and
+    thresholded at 0. `chunk` masks at a time bound the float upsampling memory."""
+    cropped = logits[:, :valid[0], :valid[1]].float()
+    out = torch.empty((len(logits), *size), dtype=torch.bool, device=logits.device)
+    for start in range(0, len(logits), chunk):
+        part = cropped[start:start + chunk, None]  # (k, 1, hv, wv)
+        out[start:start + chunk] = F.interpolate(part, size=size, mode="bilinear", align_corners=False)[:, 0] > 0
+    return out
+
+
+def valid_mask_region(mask_size: tuple[int, int], padded_size: tuple[int, int],
+                      image_size: tuple[int, int]) -> tuple[int, int]:
+    """Rows and columns of a (h, w) mask over a padded (H_pad, W_pad) input that cover the
+    unpadded (H, W) image at its top left."""
+    return tuple(min(m, math.ceil(i * m / p)) for m, p, i in zip(mask_size, padded_size, image_size))

@@ -111,8 +111,11 @@ def _epoch_end_loop_state(trainer: pl.Trainer) -> dict[str, Any]:
     return state
 
 
-def metric_key(best_model_metric: str) -> str:
-    """Name (without stage prefix) of the validation metric that ranks weights."""
+def metric_key(best_model_metric: str, segmentation: bool = False) -> str:
+    """Name (without stage prefix) of the validation metric that ranks weights: segmentation
+    runs rank by mask mAP (spec 14), and by the box mAR for "mar"."""
+    if segmentation and best_model_metric == "map":
+        return "segm_mAP_50_95"
     return {"map": "mAP_50_95", "mar": "mAR"}[best_model_metric]
 
 
@@ -125,9 +128,9 @@ class BestModels(pl.Callback):
     """
 
     def __init__(self, output_dir: str | Path, metric: str = "map", skip_epochs: int = 0,
-                 smooth_alpha: float = 0.0) -> None:
+                 smooth_alpha: float = 0.0, segmentation: bool = False) -> None:
         self.output_dir = Path(output_dir)
-        self.key = metric_key(metric)
+        self.key = metric_key(metric, segmentation)
         self.skip_epochs, self.smooth_alpha = skip_epochs, smooth_alpha
         self.best: dict[str, float] = {}  # track ("regular" / "ema") -> best smoothed score
         self.smoothed: dict[str, float] = {}

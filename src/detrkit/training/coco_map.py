@@ -31,7 +31,7 @@ from detrkit.training.coco_backends.base import (
 )
 from detrkit.training.coco_backends.faster_coco_eval import FasterCocoEvalBackend
 from detrkit.training.coco_backends.hotcoco import HotcocoBackend
-from detrkit.training.coco_backends.rle import encode_masks, mask_areas, split_runs
+from detrkit.training.coco_backends.rle import EncodedMasks, encode_masks, mask_areas, split_runs
 from detrkit.training.coco_backends.ufcoco import UfcocoBackend
 from detrkit.training.coco_backends.vernier import VernierBackend
 
@@ -72,7 +72,7 @@ class OnePassCocoMeanAveragePrecision(Metric):
     """torchmetrics' MeanAveragePrecision, evaluated by `backend` in a single COCOeval pass.
 
     `update(preds, targets)` takes per-image dicts: preds `boxes` (in `box_format`, pixels),
-    `scores`, integer `labels` and, for segm, `masks` (N, H, W); targets `boxes`, `labels`,
+    `scores`, integer `labels` and, for segm, `masks` (N, H, W) bool or EncodedMasks; targets `boxes`, `labels`,
     optional `iscrowd` and `area`, and `masks`. A ground truth's size range comes from its
     `area` where that is > 0, else from its mask in both passes when masks are evaluated (as
     torchmetrics does, and pycocotools with a COCO file whose `area` is the mask's), else from
@@ -186,7 +186,8 @@ class OnePassCocoMeanAveragePrecision(Metric):
             boxes = item["boxes"].detach().reshape(count, 4)
             getattr(self, f"{side}_boxes").append(boxes.to(torch.float64))  # exact
         if "segm" in self.iou_types:
-            runs, lengths = encode_masks(item["masks"].detach())
+            masks = item["masks"]  # dense (N, H, W), or already EncodedMasks
+            runs, lengths = (masks.runs, masks.lengths) if isinstance(masks, EncodedMasks) else encode_masks(masks.detach())
             getattr(self, f"{side}_runs").append(runs)
             getattr(self, f"{side}_run_lengths").append(lengths)
         return count

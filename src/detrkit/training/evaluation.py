@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
+from detrkit.models.postprocess import masks_at_size, valid_mask_region
+from detrkit.structures import Target
+from detrkit.training.coco_backends.rle import EncodedMasks
 from detrkit.training.coco_map import OnePassCocoMeanAveragePrecision
 from detrkit.training.confidence_sweep import sweep_confidence
 
@@ -24,8 +28,9 @@ class DetectionEvaluator:
     the ground truth and stay the same from epoch to epoch.
     """
 
-    def __init__(self, max_dets: int, backend: str = "vernier", class_names: list[str] | None = None) -> None:
-        self.max_dets, self.backend = max_dets, backend
+    def __init__(self, max_dets: int, backend: str = "vernier", class_names: list[str] | None = None,
+                 masks: bool = False) -> None:
+        self.max_dets, self.backend, self.masks = max_dets, backend, masks
         self.class_names = None if class_names is None else list(class_names)
         self._detections: list[dict[str, torch.Tensor]] = []
         self._truth: list[dict[str, torch.Tensor]] = []
@@ -56,20 +61,25 @@ class DetectionEvaluator:
     def compute(self) -> dict[str, float]:
         detections = [{k: v.cpu() for k, v in d.items()} for d in self._detections]
         truth = [{k: v.cpu() for k, v in t.items()} for t in self._truth]
-        metric = OnePassCocoMeanAveragePrecision(iou_type="bbox", backend=self.backend,
-                                                 max_detection_thresholds=[1, 10, self.max_dets],
+        metric = OnePassCocoMeanAveragePrecision(iou_type=("bbox", "segm") if self.masks else "bbox",
+                                                 backend=self.backend, max_detection_thresholds=[1, 10, self.max_dets],
                                                  class_metrics=self.class_names is not None,
                                                  sync_on_compute=False)  # gather() did that
         metric.update(detections, truth)
         result = metric.compute()
-        self.coco_stats = [float(result[key]) for key in _COCO_STATS[:8]] + [
-            float(result[f"mar_{self.max_dets}"])] + [float(result[key]) for key in _COCO_STATS[8:]]
-        sweep = sweep_confidence(detections, truth)
-        values = {"mAP_50_95": float(result["map"]), "mAP_50": float(result["map_50"]),
-                  "mAP_75": float(result["map_75"]), "mAR": float(result[f"mar_{self.max_dets}"]),
+        box = {key.removeprefix("bbox_"): value for key, value in result.items() if not key.startswith("segm_")}
+        self.coco_stats = [float(box[key]) for key in _COCO_STATS[:8]] + [
+            float(box[f"mar_{self.max_dets}"])] + [float(box[key]) for key in _COCO_STATS[8:]]
+        sweep = sweep_confidence([{k: v for k, v in d.items() if k != "masks"} for d in detections], truth)
+        values = {"mAP_50_95": float(box["map"]), "mAP_50": float(box["map_50"]),
+                  "mAP_75": float(box["map_75"]), "mAR": float(box[f"mar_{self.max_dets}"]),
                   "precision": sweep.best_precision, "recall": sweep.best_recall, "F1": sweep.best_f1}
+        if self.masks:
+            values |= {"segm_mAP_50_95": float(result["segm_map"]), "segm_mAP_50": float(result["segm_map_50"]),
+                       "segm_mAP_75": float(result["segm_map_75"]),
+                       "segm_mAR": float(result[f"segm_mar_{self.max_dets}"])}
         if self.class_names is not None:
-            values |= self._per_class(result["classes"].tolist(), result["map_per_class"].reshape(-1).tolist())
+            values |= self._per_class(box["classes"].tolist(), box["map_per_class"].reshape(-1).tolist())
         return values
 
     def _per_class(self, classes: list[int], average_precision: list[float]) -> dict[str, float]:
@@ -83,3 +93,29 @@ class DetectionEvaluator:
                                  f"class_names {self.class_names}")
             values[f"AP/{self.class_names[label]}"] = value
         return values
+
+
+def with_masks(detections: list[dict[str, torch.Tensor]], truth: list[dict[str, torch.Tensor]],
+               targets: list[Target], padded_size: tuple[int, int], head_resolution: bool) -> None:
+    """Give each image's detections (whose "masks" are the selected queries' (K, h, w) logits)
+    and ground truth run-length encoded masks of one size: the source image's, or with
+    `head_resolution` the mask head's (cheaper, areas in head pixels). Ground-truth masks are
+    resized from the transformed image (nearest), crowd regions get their boxes filled."""
+    for detection, image_truth, target in zip(detections, truth, targets):
+        logits = detection["masks"]
+        valid = valid_mask_region(tuple(logits.shape[-2:]), padded_size, target.size)
+        size = valid if head_resolution else target.orig_size
+        detection["masks"] = EncodedMasks.encode(masks_at_size(logits, valid, size))
+        objects = F.interpolate(target.masks[None].float(), size=size, mode="nearest")[0] > 0  # (N, H, W)
+        crowds = _filled_boxes(image_truth["boxes"][len(objects):], target.orig_size, size)
+        image_truth["masks"] = EncodedMasks.encode(torch.cat([objects, crowds]))
+
+
+def _filled_boxes(boxes: torch.Tensor, box_frame: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
+    """(M, H, W) masks of xyxy boxes given in a `box_frame` (H, W) image, drawn at `size`."""
+    scale = boxes.new_tensor([size[1] / box_frame[1], size[0] / box_frame[0]] * 2)
+    x0, y0, x1, y1 = (boxes * scale).round().long().unbind(-1)
+    rows = torch.arange(size[0], device=boxes.device)[None, :, None]
+    columns = torch.arange(size[1], device=boxes.device)[None, None, :]
+    return ((rows >= y0[:, None, None]) & (rows < y1[:, None, None])
+            & (columns >= x0[:, None, None]) & (columns < x1[:, None, None]))

@@ -23,7 +23,7 @@ from detrkit.training.accel.precision import fused_adamw_applies
 from detrkit.training.auto_batch import require_integer_batch
 from detrkit.training.checkpoints import run_metadata
 from detrkit.training.ema import ModelEMA
-from detrkit.training.evaluation import DetectionEvaluator
+from detrkit.training.evaluation import DetectionEvaluator, with_masks
 from detrkit.training.optim import build_optimizer, build_scheduler
 from detrkit.training.rng import restore_rng_states, rng_states
 
@@ -171,9 +171,14 @@ class RFDETRModelModule(pl.LightningModule):
                     loss = self.criterion(outputs, batch.targets, groups=1, image_size=batch.pixels.shape[-2:]).total
                 self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(batch))
             # scores from fp32 logits: bf16's 8-bit mantissa would tie many of them and move the AP
+            masks = outputs.pred_masks
             detections = top_detections(outputs.pred_logits.float(), outputs.pred_boxes.float(), sizes,
-                                        self.model_config.num_select)
-            self._evaluator(stage + "/" + prefix).add(detections, truth)
+                                        self.model_config.num_select, masks)
+            if masks is not None:
+                image_truth = [dict(t) for t in truth]  # masks of the size each track's detections take
+                with_masks(detections, image_truth, batch.targets, tuple(batch.pixels.shape[-2:]),
+                           self.train_config.eval_masks_head_resolution)
+            self._evaluator(stage + "/" + prefix).add(detections, truth if masks is None else image_truth)
 
     def on_validation_epoch_end(self) -> None:
         self._log_evaluation("val")
@@ -186,7 +191,8 @@ class RFDETRModelModule(pl.LightningModule):
             config = self.train_config
             self._evaluators[key] = DetectionEvaluator(
                 config.eval_max_dets, config.eval_backend,
-                **({"class_names": self.class_names} if config.log_per_class_metrics else {}))
+                **({"class_names": self.class_names} if config.log_per_class_metrics else {}),
+                masks=self.model.segmentation_head is not None)
         return self._evaluators[key]
 
     def _log_evaluation(self, stage: str) -> None:

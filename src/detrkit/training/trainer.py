@@ -17,7 +17,7 @@ from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 from pytorch_lightning.loggers import CSVLogger, Logger
 from pytorch_lightning.utilities import rank_zero_info
 
-from detrkit.config import ModelConfig, TrainConfig, unknown_keyword_message
+from detrkit.config import ModelConfig, SegmentationTrainConfig, TrainConfig, unknown_keyword_message
 from detrkit.training.accel.cuda_graphs import CudaGraphStepMarker
 from detrkit.training.accel.fp8 import FP8_BACKENDS
 from detrkit.training.accel.plan import AccelerationPlan, log_plan, plan_acceleration, read_device_facts
@@ -110,8 +110,9 @@ def run_callbacks(train_config: TrainConfig) -> list[pl.Callback]:
     callbacks: list[pl.Callback] = [TrainingConfigRecord()]
     if train_config.use_ema:
         callbacks.append(EMACallback(train_config.ema_decay, train_config.ema_tau, train_config.ema_update_interval))
+    segmentation = isinstance(train_config, SegmentationTrainConfig)  # mask models train with it
     callbacks.append(BestModels(output, train_config.best_model_metric, train_config.skip_best_epochs,
-                                train_config.smooth_alpha))
+                                train_config.smooth_alpha, segmentation))
     callbacks.append(FileCheckpoint(dirpath=output, filename="last", save_top_k=1, every_n_epochs=1,
                                      enable_version_counter=False, save_on_train_epoch_end=True))
     callbacks.append(FileCheckpoint(dirpath=output, filename="checkpoint_{epoch}", auto_insert_metric_name=False,
@@ -119,7 +120,7 @@ def run_callbacks(train_config: TrainConfig) -> list[pl.Callback]:
                                      save_on_train_epoch_end=True))
     if train_config.early_stopping:
         callbacks.append(MetricEarlyStopping(
-            metric_key(train_config.best_model_metric), patience=train_config.early_stopping_patience,
+            metric_key(train_config.best_model_metric, segmentation), patience=train_config.early_stopping_patience,
             min_delta=train_config.early_stopping_min_delta, use_ema=train_config.early_stopping_use_ema,
             skip_epochs=train_config.skip_best_epochs))
     return callbacks

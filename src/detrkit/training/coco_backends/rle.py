@@ -6,8 +6,42 @@ whose first pixel is set begins with a zero-length run.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
+
+
+@dataclass
+class EncodedMasks:
+    """N masks of one (H, W) size, run-length encoded (see encode_masks): what the metric stores,
+    so that an epoch of masks can be kept on the device at a fraction of their dense size."""
+
+    runs: torch.Tensor  # (R,) int64, every mask's runs concatenated
+    lengths: torch.Tensor  # (N,) int64, runs per mask
+    size: tuple[int, int]  # (H, W)
+
+    @classmethod
+    def encode(cls, masks: torch.Tensor) -> EncodedMasks:
+        """From (N, H, W) bool masks."""
+        return cls(*encode_masks(masks), tuple(masks.shape[-2:]))
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (len(self.lengths), *self.size)
+
+    @property
+    def ndim(self) -> int:
+        return 3
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def detach(self) -> EncodedMasks:
+        return self
+
+    def cpu(self) -> EncodedMasks:
+        return EncodedMasks(self.runs.cpu(), self.lengths.cpu(), self.size)
 
 
 def encode_masks(masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
