@@ -8,13 +8,13 @@ from detrkit.config.base import (DeviceStr, PathStr, StrictConfig, default_devic
 from detrkit.config.model import (ENCODER_SIZES, AmpDtype, EncoderName, InferenceDtype, ModelConfig,
                                   PretrainWeightsCompatibilityWarning, ProjectorLevel)
 from detrkit.config.train import (MANAGED_OPTIMIZER_KWARGS, MANAGED_SCHEDULE_KWARGS, MANAGED_SCHEDULES,
-                                  AugmentationBackend, CocoEvalBackend, DatasetFormat, MultiScale,
+                                  AugmentationBackend, CocoEvalBackend, DatasetFormat, KeypointTrainConfig, MultiScale,
                                   SegmentationTrainConfig, TrainConfig,
                                   is_plateau_scheduler, native_optimizer)
 
 __all__ = [
     "ENCODER_SIZES", "MANAGED_OPTIMIZER_KWARGS", "MANAGED_SCHEDULES", "MANAGED_SCHEDULE_KWARGS", "AmpDtype",
-    "AugmentationBackend", "CocoEvalBackend", "DatasetFormat", "DeviceStr", "EncoderName", "InferenceDtype",
+    "AugmentationBackend", "CocoEvalBackend", "DatasetFormat", "DeviceStr", "EncoderName", "InferenceDtype", "KeypointTrainConfig",
     "ModelConfig", "MultiScale", "PathStr", "PretrainWeightsCompatibilityWarning", "ProjectorLevel", "SegmentationTrainConfig",
     "StrictConfig",
     "TrainConfig", "default_device", "device_string", "is_plateau_scheduler", "native_optimizer", "path_string",

@@ -91,6 +91,13 @@ class TrainConfig(StrictConfig):
     drop_path: float = Field(0.0, ge=0, lt=1)
     clip_max_norm: float = Field(0.1, ge=0)
     cls_loss_coef: float = Field(1.0, ge=0)
+    # keypoint models (spec 9): loss weights (0 off), flat left/right index pairs, OKS sigmas for evaluation
+    keypoint_l1_loss_coef: float = Field(0.0, ge=0)
+    keypoint_findable_loss_coef: float = Field(0.0, ge=0)
+    keypoint_visible_loss_coef: float = Field(0.0, ge=0)
+    keypoint_nll_loss_coef: float = Field(0.0, ge=0)
+    keypoint_flip_pairs: list[int] = []
+    keypoint_oks_sigmas: list[float] | None = None
     multi_scale: MultiScale = "per-batch"
     expanded_scales: bool = True
     square_resize_div_64: bool = True
@@ -278,3 +285,15 @@ class SegmentationTrainConfig(TrainConfig):
     mask_point_sample_ratio: int = Field(16, ge=1)  # mask losses sample max(h, h*w // ratio) points
     mask_ce_loss_coef: float = Field(5.0, ge=0)
     mask_dice_loss_coef: float = Field(5.0, ge=0)
+
+
+class KeypointTrainConfig(TrainConfig):
+    """TrainConfig of RFDETRKeypointPreview: keypoint losses on, ranking starts after 10 epochs, smoothed."""
+
+    cls_loss_coef: float = Field(2.0, ge=0)
+    keypoint_l1_loss_coef: float = Field(1.0, ge=0)
+    keypoint_findable_loss_coef: float = Field(1.0, ge=0)
+    keypoint_visible_loss_coef: float = Field(1.0, ge=0)
+    keypoint_nll_loss_coef: float = Field(1.0, ge=0)
+    smooth_alpha: float = Field(0.5, ge=0, lt=1)
+    skip_best_epochs: int = Field(10, ge=0)
