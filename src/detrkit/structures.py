@@ -69,7 +69,9 @@ class Target:
     transformed image. Crowd regions (COCO iscrowd=1) are kept apart from the boxes, which
     losses train on, for evaluation to ignore detections on them: crowd_boxes (M, 4) xyxy in
     source-image pixels, so no transform or resize touches them; crowd_labels (M,) int64.
-    Segmentation data adds masks (N, h, w) bool, one per box, at the transformed image's size.
+    Segmentation data adds masks (N, h, w) bool, one per box, at the transformed image's size;
+    keypoint data adds keypoints (N, K, 3) float: x, y normalised to the transformed image and
+    the visibility v (0 unlabeled, 1 occluded, 2 visible).
     """
 
     boxes: torch.Tensor
@@ -81,13 +83,15 @@ class Target:
     crowd_boxes: torch.Tensor | None = None
     crowd_labels: torch.Tensor | None = None
     masks: torch.Tensor | None = None
+    keypoints: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> Target:
         def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
             return None if tensor is None else tensor.to(device, non_blocking=True)
 
         return Target(move(self.boxes), move(self.labels), self.image_id, self.orig_size, self.size,
-                      move(self.area), move(self.crowd_boxes), move(self.crowd_labels), move(self.masks))
+                      move(self.area), move(self.crowd_boxes), move(self.crowd_labels), move(self.masks),
+                      move(self.keypoints))
 
 
 @dataclass
