@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from detrkit import RFDETRNano, RFDETRSmall
 from detrkit.config import ModelConfig, PretrainWeightsCompatibilityWarning
-from detrkit.variants import RFDETRMediumConfig, RFDETRNanoConfig
+from detrkit.variants import RFDETRMediumConfig, RFDETRNanoConfig, RFDETRSegNanoConfig
 
 
 def test_unknown_keyword_is_rejected_with_its_name():
@@ -46,9 +46,13 @@ def test_random_weights_and_architecture_changes_warn():
         RFDETRNanoConfig(pretrain_weights=None)
     with pytest.warns(PretrainWeightsCompatibilityWarning, match="dec_layers"):
         RFDETRNanoConfig(dec_layers=5)
+    with pytest.warns(PretrainWeightsCompatibilityWarning, match="mask_downsample_ratio"):
+        RFDETRSegNanoConfig(mask_downsample_ratio=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         RFDETRNanoConfig()  # the published defaults themselves do not warn
+        RFDETRSegNanoConfig()
+        RFDETRNanoConfig(mask_downsample_ratio=2)  # no mask head: nothing to differ from
         ModelConfig()  # a custom model has no published weights to differ from
 
 

@@ -147,6 +147,8 @@ class ModelConfig(StrictConfig):
             return
         changed = [f for f in _ARCHITECTURE_FIELDS if f in fields and getattr(self, f) != default[f].default]
         changed += [f for f in ("num_queries", "group_detr") if getattr(self, f) > default[f].default]
+        if self.segmentation_head and self.mask_downsample_ratio != default["mask_downsample_ratio"].default:
+            changed.append("mask_downsample_ratio")
         if changed:
             warnings.warn(f"{', '.join(changed)} differ from the published {published}; its weights will load "
                           f"only partly", PretrainWeightsCompatibilityWarning, stacklevel=4)
