@@ -31,7 +31,10 @@ class DetectorOutput(Mapping):
     pred_logits (B, Q, C) raw class logits, C = num_classes + 1; pred_boxes (B, Q, 4)
     normalised cxcywh. The final layer also carries the auxiliary decoder layers (first to
     second-to-last) and the two-stage encoder proposals. Segmentation models add pred_masks:
-    (B, Q, H/r, W/r) logits in eval, MaskFactors while training. Absent (None) entries are not keys.
+    (B, Q, H/r, W/r) logits in eval, MaskFactors while training. Keypoint models add
+    pred_keypoints (B, Q, K, 8): per keypoint slot x, y (normalised), findable and visible
+    logits, log l11, l21, log l22 (precision Cholesky factor) and the class-logit contribution;
+    K = keypoint classes x their most keypoints. Absent (None) entries are not keys.
     """
 
     pred_logits: torch.Tensor
@@ -40,6 +43,7 @@ class DetectorOutput(Mapping):
     enc_outputs: DetectorOutput | None = None
     extras: dict[str, Any] = field(default_factory=dict)  # other optional heads
     pred_masks: torch.Tensor | MaskFactors | None = None
+    pred_keypoints: torch.Tensor | None = None
 
     def _items(self) -> dict[str, Any]:
         present = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extras"}

@@ -116,7 +116,8 @@ def test_class_and_cardinality_errors_on_a_constructed_case():
 def test_build_criterion_reads_the_class_weight_and_rejects_focal_loss(tiny_kwargs):
     criterion = build_criterion(ModelConfig(**tiny_kwargs), TrainConfig(dataset_dir=None, cls_loss_coef=2.0))
     assert criterion.weights == {"loss_ce": 2.0, "loss_bbox": 5.0, "loss_giou": 2.0, "loss_mask_ce": 5.0,
-                                 "loss_mask_dice": 5.0}
+                                 "loss_mask_dice": 5.0, "loss_keypoints_l1": 0.0, "loss_keypoints_findable": 0.0,
+                                 "loss_keypoints_visible": 0.0, "loss_keypoints_nll": 0.0}
     with pytest.raises(NotImplementedError, match="ia_bce_loss=False"):
         build_criterion(ModelConfig(**tiny_kwargs, ia_bce_loss=False), TrainConfig(dataset_dir=None))
 

@@ -132,3 +132,42 @@ def mask_pair_loss(mask: list[list[float]], target: list[list[float]], candidate
     logits = [bilinear_at(mask, *p) for p in points]
     labels = [nearest_at(target, *p) for p in points]
     return sum(bce(x, t) for x, t in zip(logits, labels)) / len(points), dice(logits, labels)
+
+
+# Keypoints (spec 9): pred is K rows of [x, y, findable, visible, log_l11, l21, log_l22, class],
+# target K rows of [x, y, v]; the first `active` rows count; area is the box's w·h.
+
+
+def keypoint_pair_terms(pred: list[list[float]], target: list[list[float]], active: int,
+                        area: float) -> tuple[float, float, float, float]:
+    """Location L1, findable BCE, visible BCE and Gaussian NLL of one prediction and one target;
+    as matching costs they are the same numbers."""
+    located = [k for k in range(active) if target[k][2] > 0]
+    l1 = sum(abs(pred[k][0] - target[k][0]) + abs(pred[k][1] - target[k][1]) for k in located)
+    findable = sum(bce(pred[k][2], float(target[k][2] > 0)) for k in range(active)) / max(active, 1)
+    visible = sum(bce(pred[k][3], float(target[k][2] > 1)) for k in range(active)) / max(active, 1)
+    nll = 0.0
+    for k in located:
+        dx, dy = pred[k][0] - target[k][0], pred[k][1] - target[k][1]
+        log_l11, l21, log_l22 = pred[k][4:7]
+        u0, u1 = math.exp(log_l11) * dx + l21 * dy, math.exp(log_l22) * dy
+        nll += 0.5 * (u0 * u0 + u1 * u1) / area - (log_l11 + log_l22)
+    count = max(len(located), 1)
+    return l1 / math.sqrt(area) / count, findable, visible, nll / count
+
+
+def class_block(pred: list[list[float]], label: int, schema: list[int]) -> tuple[list[list[float]], int]:
+    """The K rows of `label`'s block of one query's C·K rows and how many are active (0 beyond the schema)."""
+    slots = max(schema)
+    block = min(label, len(schema) - 1)
+    return pred[block * slots:(block + 1) * slots], schema[label] if label < len(schema) else 0
+
+
+def match_groups_by(cost, queries: int, targets: int, groups: int) -> dict[int, int]:
+    """{query: target} from brute-force assignment within each contiguous query block; cost(q, j)."""
+    block = queries // groups
+    matched = {}
+    for g in range(groups):
+        table = [[cost(g * block + q, j) for j in range(targets)] for q in range(block)]
+        matched.update({g * block + q: j for j, q in brute_force_assign(table)[1].items()})
+    return matched

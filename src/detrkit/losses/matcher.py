@@ -4,7 +4,7 @@ All output layers of a step are matched together: their costs are computed on th
 handed to one solver from `SOLVERS`. "scipy" moves them to the host in one copy, assigns there
 and sends every index back in one copy; "torch_linear_assignment" (when installed) solves every
 problem of the step in one batch on the costs' device. Segmentation outputs add point-sampled
-mask costs (spec 8.2).
+mask costs (spec 8.2), keypoint outputs keypoint costs (spec 9).
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
+from detrkit.losses.keypoints import keypoint_costs
 from detrkit.losses.masks import mask_point_logits, pairwise_mask_costs, target_point_labels
+from detrkit.losses.transfer import at_least_fp32, host_to_device
 from detrkit.ops.boxes import cxcywh_to_xyxy, elementwise_generalized_box_iou
 from detrkit.structures import MaskFactors, Target
 
@@ -34,24 +36,11 @@ class Matches:
     counts: list[int]
 
 
-def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
-    """bf16/fp16 -> fp32 (heads emit bf16 under autocast); fp32 and fp64 stay as they are."""
-    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
-
-
 def at_least_fp32_masks(pred_masks: torch.Tensor | MaskFactors) -> torch.Tensor | MaskFactors:
     """`at_least_fp32` of dense mask logits or of each mask factor."""
     if isinstance(pred_masks, MaskFactors):
         return MaskFactors(*(at_least_fp32(t) for t in (pred_masks.spatial, pred_masks.queries, pred_masks.bias)))
     return at_least_fp32(pred_masks)
-
-
-def host_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor onto `device` without a stream sync: pinned first, as an asynchronous copy
-    from pageable memory may still synchronise."""
-    if device.type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
 
 
 def l1_box_cost(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -96,14 +85,20 @@ PredMasks = torch.Tensor | MaskFactors | None
 
 class HungarianMatcher:
     """Matches each query group to the targets of each image at minimal focal + L1 + GIoU cost,
-    plus mask BCE and dice costs for outputs and targets with masks."""
+    plus mask BCE and dice costs for outputs and targets with masks, and keypoint L1, findable,
+    visible and NLL costs for outputs and targets with keypoints (laid out by
+    `num_keypoints_per_class`, keypoints.py)."""
 
     def __init__(self, cost_class: float = 2.0, cost_bbox: float = 5.0, cost_giou: float = 2.0,
                  focal_alpha: float = 0.25, focal_gamma: float = 2.0, solver: str | None = None,
                  box_cost: BoxCost = l1_box_cost, cost_mask_ce: float = 5.0, cost_mask_dice: float = 5.0,
-                 mask_point_sample_ratio: int = 16) -> None:
+                 mask_point_sample_ratio: int = 16, num_keypoints_per_class: list[int] | None = None,
+                 cost_keypoint_l1: float = 1.0, cost_keypoint_findable: float = 1.0,
+                 cost_keypoint_visible: float = 1.0, cost_keypoint_nll: float = 1.0) -> None:
         self.cost_class, self.cost_bbox, self.cost_giou = cost_class, cost_bbox, cost_giou
         self.cost_mask_ce, self.cost_mask_dice = cost_mask_ce, cost_mask_dice
+        self.num_keypoints_per_class = num_keypoints_per_class
+        self.keypoint_weights = (cost_keypoint_l1, cost_keypoint_findable, cost_keypoint_visible, cost_keypoint_nll)
         self.mask_point_sample_ratio = mask_point_sample_ratio
         self.box_cost = box_cost
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
@@ -144,17 +139,33 @@ class HungarianMatcher:
         targets = torch.arange(len(image), device=image.device)
         return self.cost_mask_ce * ce[image, :, targets].T, self.cost_mask_dice * dice[image, :, targets].T
 
+    def keypoint_costs(self, pred_keypoints: torch.Tensor, labels: torch.Tensor, target_boxes: torch.Tensor,
+                       target_keypoints: torch.Tensor, image: torch.Tensor) -> list[torch.Tensor]:
+        """Weighted keypoint L1, findable, visible and NLL costs, each (Q, T), of each target against
+        the queries of its image: pred_keypoints (B, Q, C·K, 8), target_keypoints (T, K, 3),
+        target_boxes (T, 4) cxcywh."""
+        if not self.num_keypoints_per_class:
+            raise ValueError("keypoint outputs need num_keypoints_per_class (ModelConfig) to be matched")
+        pred_keypoints = at_least_fp32(pred_keypoints)
+        area = target_boxes[:, 2].to(pred_keypoints.dtype) * target_boxes[:, 3].to(pred_keypoints.dtype)
+        costs = keypoint_costs(pred_keypoints, image, labels, target_keypoints, area, self.num_keypoints_per_class)
+        return [weight * cost for weight, cost in zip(self.keypoint_weights, costs)]
+
     @torch.no_grad()
     def match_layers(self, layers: list[tuple[torch.Tensor, torch.Tensor]], targets: list[Target], groups: int,
-                     masks: list[PredMasks] | None = None, target_masks: torch.Tensor | None = None) -> list[Matches]:
+                     masks: list[PredMasks] | None = None, target_masks: torch.Tensor | None = None,
+                     keypoints: list[torch.Tensor | None] | None = None,
+                     target_keypoints: torch.Tensor | None = None) -> list[Matches]:
         """(logits (B, Q, C), boxes (B, Q, 4) cxcywh) of each output layer -> its matches on the
         logits' device; layers may differ in Q, each splits into `groups` equal query blocks.
         masks: each layer's mask logits, costed where given and `target_masks` (T, H, W), every
-        image's masks padded to the input size, are too."""
+        image's masks padded to the input size, are too. keypoints: each layer's (B, Q, C·K, 8)
+        keypoints, costed where given and `target_keypoints` (T, K, 3) are too."""
         for logits, _ in layers:
             if logits.shape[1] % groups:
                 raise ValueError(f"{logits.shape[1]} queries do not split into {groups} equal groups")
         masks = [m if target_masks is not None else None for m in masks or [None] * len(layers)]
+        keypoints = [k if target_keypoints is not None else None for k in keypoints or [None] * len(layers)]
         sizes = [len(t.labels) for t in targets]
         if not sum(sizes):  # nothing to assign, nothing to wait for
             for pred_masks in masks:  # but the points are drawn, keeping the reference's random stream
@@ -166,18 +177,23 @@ class HungarianMatcher:
         target_boxes = torch.cat([t.boxes for t in targets])
         image = torch.cat([t.labels.new_full(t.labels.shape, i) for i, t in enumerate(targets)])  # (T,)
         costs = []
-        for (logits, boxes), pred_masks in zip(layers, masks):
+        for (logits, boxes), pred_masks, pred_keypoints in zip(layers, masks, keypoints):
             cost = self.cost_matrix(logits, boxes, labels, target_boxes, image)
             if pred_masks is not None:
                 mask_ce, mask_dice = self.mask_costs(pred_masks, target_masks, image)
                 cost = cost + mask_ce + mask_dice
+            if pred_keypoints is not None:  # added one by one, in the reference's order
+                for term in self.keypoint_costs(pred_keypoints, labels, target_boxes, target_keypoints, image):
+                    cost = cost + term
             costs.append(cost)
         return self.solve(costs, sizes, groups)
 
     def __call__(self, logits: torch.Tensor, boxes: torch.Tensor, targets: list[Target], groups: int,
-                 pred_masks: PredMasks = None, target_masks: torch.Tensor | None = None) -> Matches:
+                 pred_masks: PredMasks = None, target_masks: torch.Tensor | None = None,
+                 pred_keypoints: torch.Tensor | None = None, target_keypoints: torch.Tensor | None = None) -> Matches:
         """One output layer: logits (B, Q, C), boxes (B, Q, 4) cxcywh -> its matches."""
-        return self.match_layers([(logits, boxes)], targets, groups, [pred_masks], target_masks)[0]
+        return self.match_layers([(logits, boxes)], targets, groups, [pred_masks], target_masks,
+                                 [pred_keypoints], target_keypoints)[0]
 
 
 # A solver takes each layer's (Q, T) costs, the targets per image and the query groups, and
