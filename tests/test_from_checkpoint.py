@@ -169,7 +169,7 @@ def checkpoint(model_name: str | None = None, pretrain_weights: str | None = Non
     (None, "rf-detr-large-2026.pth", "x.pth", RFDETRLarge),
     (None, None, "my-nano-run.ckpt", RFDETRNano),
     (None, None, "Large_best.pth", RFDETRLarge),
-    ("RFDETRKeypointPreview", None, "run-small.pth", RFDETRSmall),  # unknown class names fall through
+    ("RFDETRXLarge", None, "run-small.pth", RFDETRSmall),  # unknown class names fall through
     ("RFDETRSegNano", None, "run-small.pth", RFDETRSegNano),
     (None, "rf-detr-seg-nano.pt", "x.pth", RFDETRSegNano),  # not Nano: "seg-nano" contains "nano"
     (None, "rf-detr-seg-small.pt", "x.pth", RFDETRSegSmall),

@@ -6,11 +6,11 @@ Importing the package is light: model classes load torch, never Lightning.
 from detrkit.datasets.coco_categories import COCO_CATEGORIES, COCO_CLASS_NAMES
 from detrkit.detr import RFDETR, from_checkpoint
 from detrkit.variants import (
-    RFDETRLarge, RFDETRMedium, RFDETRNano, RFDETRSeg2XLarge, RFDETRSegLarge, RFDETRSegMedium, RFDETRSegNano,
-    RFDETRSegSmall, RFDETRSegXLarge, RFDETRSmall,
+    RFDETRKeypointPreview, RFDETRLarge, RFDETRMedium, RFDETRNano, RFDETRSeg2XLarge, RFDETRSegLarge, RFDETRSegMedium,
+    RFDETRSegNano, RFDETRSegSmall, RFDETRSegXLarge, RFDETRSmall,
 )
 from detrkit.version import __version__
 
-__all__ = ["COCO_CATEGORIES", "COCO_CLASS_NAMES", "RFDETR", "RFDETRLarge", "RFDETRMedium", "RFDETRNano",
-           "RFDETRSeg2XLarge", "RFDETRSegLarge", "RFDETRSegMedium", "RFDETRSegNano", "RFDETRSegSmall",
+__all__ = ["COCO_CATEGORIES", "COCO_CLASS_NAMES", "RFDETR", "RFDETRKeypointPreview", "RFDETRLarge", "RFDETRMedium",
+           "RFDETRNano", "RFDETRSeg2XLarge", "RFDETRSegLarge", "RFDETRSegMedium", "RFDETRSegNano", "RFDETRSegSmall",
            "RFDETRSegXLarge", "RFDETRSmall", "__version__", "from_checkpoint"]

@@ -1,11 +1,11 @@
-"""The published RF-DETR detection and segmentation presets: config defaults per class, nothing else."""
+"""The published RF-DETR detection, segmentation and keypoint presets: config defaults per class, nothing else."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from detrkit.config import ModelConfig, SegmentationTrainConfig
+from detrkit.config import KeypointTrainConfig, ModelConfig, SegmentationTrainConfig
 from detrkit.detr import RFDETR
 
 if TYPE_CHECKING:
@@ -98,6 +98,22 @@ class RFDETRSeg2XLargeConfig(_SegmentationConfig):
     pretrain_weights: str | None = "rf-detr-seg-xxlarge.pt"
 
 
+class RFDETRKeypointPreviewConfig(ModelConfig):
+    """GroupPose keypoints (COCO person schema) beside detection; keypoints cross-attend a second projector."""
+
+    use_grouppose_keypoints: bool = True
+    dual_projector: bool = True
+    dual_projector_kp_only: bool = True
+    num_keypoints_per_class: list[int] = [17]
+    patch_size: int = 12
+    dec_layers: int = 4
+    resolution: int = 576
+    positional_encoding_size: int = 48
+    num_queries: int = 100
+    num_select: int = 100
+    pretrain_weights: str | None = "rf-detr-keypoint-preview-xlarge.pth"
+
+
 class RFDETRNano(RFDETR):
     config_class = RFDETRNanoConfig
 
@@ -144,22 +160,34 @@ class RFDETRSeg2XLarge(RFDETRSegmentation):
     config_class = RFDETRSeg2XLargeConfig
 
 
+class RFDETRKeypointPreview(RFDETR):
+    """Keypoint detection preset: trained with the keypoint losses of KeypointTrainConfig."""
+
+    config_class = RFDETRKeypointPreviewConfig
+    train_config_class = KeypointTrainConfig
+
+
 # name -> class, in the order a checkpoint's weight-file name is matched against them: a name
-# that contains another ("seg-nano" contains "nano") comes first
+# that contains another ("seg-nano" contains "nano", "keypoint-preview-xlarge" contains "large") comes first
 VARIANTS: dict[str, type[RFDETR]] = {
+    "keypoint-preview": RFDETRKeypointPreview,
     "seg-2xlarge": RFDETRSeg2XLarge, "seg-xlarge": RFDETRSegXLarge, "seg-large": RFDETRSegLarge,
     "seg-medium": RFDETRSegMedium, "seg-small": RFDETRSegSmall, "seg-nano": RFDETRSegNano,
     "large": RFDETRLarge, "medium": RFDETRMedium, "small": RFDETRSmall, "nano": RFDETRNano,
 }
 # names that published weight files use besides the registry's, matched before it
 _FILE_NAMES: dict[str, type[RFDETR]] = {"seg-xxlarge": RFDETRSeg2XLarge}
+_KEYPOINT_HEAD_PREFIX = "keypoint_embed."
 
 
 def model_class_for(checkpoint: "Checkpoint", path: str | Path) -> type[RFDETR]:
-    """The class a checkpoint was saved from: its model_name, else its weights' or file's name."""
+    """The class a checkpoint was saved from: its model_name, else keypoint weights, else its
+    weights' or file's name."""
     by_class_name = {cls.__name__: cls for cls in VARIANTS.values()}
     if checkpoint.model_name in by_class_name:
         return by_class_name[checkpoint.model_name]
+    if any(key.startswith(_KEYPOINT_HEAD_PREFIX) for key in checkpoint.weights):
+        return RFDETRKeypointPreview
     for hint in (str(checkpoint.args.get("pretrain_weights") or ""), Path(path).name):
         for name, cls in {**_FILE_NAMES, **VARIANTS}.items():
             if name in hint.lower():

@@ -59,10 +59,10 @@ def test_nano_inference_matches_cpu():
     model = perturbed(RFDETRNanoConfig(pretrain_weights=None, device="cpu", resolution=320)).eval()
     pixels = torch.randn(2, 3, 320, 320, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        cpu_levels, _ = model.backbone[0](pixels)
+        cpu_levels = model.backbone[0](pixels).levels
         cpu = model(pixels)
         model.cuda()
-        gpu_levels, _ = model.backbone[0](pixels.cuda())
+        gpu_levels = model.backbone[0](pixels.cuda()).levels
         gpu = model(pixels.cuda())
     for cpu_level, gpu_level in zip(cpu_levels, gpu_levels, strict=True):
         torch.testing.assert_close(gpu_level.cpu(), cpu_level, atol=1e-3, rtol=1e-3)

@@ -199,3 +199,18 @@ def test_every_segmentation_preset_names_a_published_checkpoint() -> None:
                for name, cls in VARIANTS.items() if name.startswith("seg-")]
     assert sorted(presets) == sorted(published)
     assert {name: download.PUBLISHED_WEIGHTS[name] for name in published} == published
+
+
+def test_keypoint_checkpoint_downloads_under_its_published_name(server, cache: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from detrkit.variants import RFDETRKeypointPreviewConfig
+
+    name = RFDETRKeypointPreviewConfig.model_fields["pretrain_weights"].default
+    assert name == "rf-detr-keypoint-preview-xlarge.pth"
+    assert download.PUBLISHED_WEIGHTS[name] == ("/rfdetr/rf-detr-keypoint-preview-xlarge.pth",
+                                                "6de511943ee85a547d4c5cb527daf0eb")  # spec 1.2
+    monkeypatch.setitem(download.PUBLISHED_WEIGHTS, name, (download.PUBLISHED_WEIGHTS[name][0], BODY_MD5))
+    found = resolve_weights(name)
+    assert found == cache / name and found.read_bytes() == BODY
+    assert server.paths == ["/mirror/rfdetr/rf-detr-keypoint-preview-xlarge.pth"]
+    assert resolve_weights(name) == found and len(server.paths) == 1

@@ -76,7 +76,7 @@ def test_detector_feeds_the_head_its_first_level_decoder_and_encoder_features(se
     """Masks of the detector equal the naive twin applied to the captured transformer outputs."""
     pixels = torch.randn(1, 3, 64, 64)
     seen = {}
-    segmenter.backbone[0].register_forward_hook(lambda m, a, out: seen.update(level=out[0][0]))
+    segmenter.backbone[0].register_forward_hook(lambda m, a, out: seen.update(level=out.levels[0]))
     segmenter.transformer.register_forward_hook(lambda m, a, out: seen.update(out=out))
     with torch.no_grad():
         out = segmenter.eval()(pixels)

@@ -60,3 +60,15 @@ def valid_mask_region(mask_size: tuple[int, int], padded_size: tuple[int, int],
     """Rows and columns of a (h, w) mask over a padded (H_pad, W_pad) input that cover the
     unpadded (H, W) image at its top left."""
     return tuple(min(m, math.ceil(i * m / p)) for m, p, i in zip(mask_size, padded_size, image_size))
+
+
+def detections_above(result: dict[str, torch.Tensor], threshold: float,
+                     image_size: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """One image's detections from `top_detections` scoring above `threshold` (strict). Their
+    "masks" logits, taken over an unpadded input, become (N, H, W) bool masks at `image_size`:
+    only the kept ones are upsampled."""
+    keep = (result["scores"] > threshold).nonzero(as_tuple=True)[0]
+    kept = {name: value[keep] for name, value in result.items()}
+    if "masks" in kept:
+        kept["masks"] = masks_at_size(kept["masks"], tuple(kept["masks"].shape[-2:]), image_size)
+    return kept

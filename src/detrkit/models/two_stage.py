@@ -23,6 +23,7 @@ class FlatMemory:
     padding: torch.Tensor | None  # (B, Len) True where padded; None when nothing is
     shapes: list[tuple[int, int]]
     valid_sizes: torch.Tensor  # (B, levels, 2) unpadded extent in cells, as (w, h)
+    keypoint_tokens: torch.Tensor | None = None  # (B, Len, D) a second projector's memory, same layout
 
     @property
     def valid_ratios(self) -> torch.Tensor:
@@ -33,26 +34,44 @@ class FlatMemory:
 
 
 @dataclass
+class Proposals:
+    """The encoder's top-k memory positions per group, concatenated group after group."""
+
+    features: torch.Tensor  # (B, G*k, D) the selected, projected memory
+    logits: torch.Tensor  # (B, G*k, C) their class logits
+    boxes: torch.Tensor  # (B, G*k, 4) their boxes (with gradient)
+
+
+@dataclass
 class TransformerOutput:
     hidden: torch.Tensor  # (layers, B, Q, D) normed decoder outputs
     reference: torch.Tensor  # (B, Q, 4) cxcywh boxes every layer refines from
     enc_logits: torch.Tensor  # (B, G*k, C) class logits of the selected proposals
     enc_boxes: torch.Tensor  # (B, G*k, 4)
     enc_features: torch.Tensor  # (B, G*k, D) the selected, projected memory
+    keypoints: torch.Tensor | None = None  # (layers, B, Q, K, Dk) keypoint states of keypoint models
+    enc_keypoints: torch.Tensor | None = None  # (B, G*k, K', 8) decoded keypoints of the proposals
 
 
-def flatten_levels(levels: list[torch.Tensor], masks: list[torch.Tensor] | None) -> FlatMemory:
-    """levels: (B, D, h, w) maps; masks: matching (B, h, w) bool padding masks or None."""
+def flatten_levels(levels: list[torch.Tensor], masks: list[torch.Tensor] | None,
+                   keypoint_levels: list[torch.Tensor] | None = None) -> FlatMemory:
+    """levels: (B, D, h, w) maps; masks: matching (B, h, w) bool padding masks or None;
+    keypoint_levels: a second projector's maps of the same sizes, or None."""
     shapes = [(level.shape[-2], level.shape[-1]) for level in levels]
-    tokens = torch.cat([level.flatten(2).transpose(1, 2) for level in levels], dim=1)
+    tokens = _flatten(levels)
+    keypoint_tokens = None if keypoint_levels is None else _flatten(keypoint_levels)
     batch, device = tokens.shape[0], tokens.device
     if masks is None:  # filled on the device: a tensor of the shapes would be a blocking host -> device copy
         full = [torch.full((batch,), float(n), device=device) for h, w in shapes for n in (w, h)]
-        return FlatMemory(tokens, None, shapes, torch.stack(full, 1).view(batch, len(shapes), 2))
+        return FlatMemory(tokens, None, shapes, torch.stack(full, 1).view(batch, len(shapes), 2), keypoint_tokens)
     # unpadded rows counted down column 0, unpadded columns along row 0
     sizes = [torch.stack(((~m[:, 0, :]).sum(1), (~m[:, :, 0]).sum(1)), -1) for m in masks]
     padding = torch.cat([mask.flatten(1) for mask in masks], dim=1)
-    return FlatMemory(tokens, padding, shapes, torch.stack(sizes, 1).float())
+    return FlatMemory(tokens, padding, shapes, torch.stack(sizes, 1).float(), keypoint_tokens)
+
+
+def _flatten(levels: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([level.flatten(2).transpose(1, 2) for level in levels], dim=1)  # (B, Len, D)
 
 
 def grid_proposals(memory: FlatMemory) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,20 +92,24 @@ def grid_proposals(memory: FlatMemory) -> tuple[torch.Tensor, torch.Tensor]:
     return proposals.masked_fill(~valid[..., None], 0.0), valid
 
 
+def reset_transformer_parameters(module: nn.Module) -> None:
+    """Xavier-uniform for every >=2-dim parameter, then each deformable attention's own init."""
+    for parameter in module.parameters():
+        if parameter.dim() > 1:
+            nn.init.xavier_uniform_(parameter)
+    for child in module.modules():
+        if isinstance(child, MSDeformAttn):
+            child.reset_parameters()
+
+
 class Transformer(nn.Module):
-    def __init__(self, *, dim: int, num_layers: int, sa_heads: int, ca_heads: int, levels: int,
-                 points: int, ffn_dim: int, groups: int, num_queries: int) -> None:
+    def __init__(self, decoder: Decoder, *, groups: int, num_queries: int) -> None:
         super().__init__()
         self.num_queries = num_queries
-        self.decoder = Decoder(dim, num_layers, sa_heads, ca_heads, levels, points, ffn_dim)
-        self.enc_output = nn.ModuleList(Linear(dim, dim) for _ in range(groups))
-        self.enc_output_norm = nn.ModuleList(nn.LayerNorm(dim) for _ in range(groups))
-        for parameter in self.parameters():
-            if parameter.dim() > 1:
-                nn.init.xavier_uniform_(parameter)
-        for module in self.modules():
-            if isinstance(module, MSDeformAttn):
-                module.reset_parameters()
+        self.decoder = decoder
+        self.enc_output = nn.ModuleList(Linear(decoder.dim, decoder.dim) for _ in range(groups))
+        self.enc_output_norm = nn.ModuleList(nn.LayerNorm(decoder.dim) for _ in range(groups))
+        reset_transformer_parameters(self)
         self.enc_out_bbox_embed: nn.ModuleList | None = None
         self.enc_out_class_embed: nn.ModuleList | None = None
 
@@ -98,6 +121,14 @@ class Transformer(nn.Module):
     def forward(self, memory: FlatMemory, query_feat: torch.Tensor, refpoint: torch.Tensor,
                 groups: int) -> TransformerOutput:
         """query_feat (G*N, D) and refpoint (G*N, 4) learned rows for the active groups."""
+        proposals = self.select_proposals(memory, groups)
+        tgt, reference = self.decoder_queries(proposals, query_feat, refpoint)
+        hidden = self.decoder(tgt, reference, memory.tokens, memory.shapes, memory.padding,
+                              memory.valid_ratios, groups)
+        return TransformerOutput(hidden, reference, proposals.logits, proposals.boxes, proposals.features)
+
+    def select_proposals(self, memory: FlatMemory, groups: int) -> Proposals:
+        """Each group scores every memory position with its own heads and keeps its top k."""
         # not cached (about 70 us on CPU): torch.compile would guard a cache, one recompile per resolution
         proposals, valid = grid_proposals(memory)
         masked_memory = memory.tokens.masked_fill(~valid[..., None], 0.0)
@@ -112,14 +143,16 @@ class Transformer(nn.Module):
             features.append(chosen)
             logits.append(scores.gather(1, top[..., None].expand(-1, -1, scores.shape[-1])))
             boxes.append(apply_box_delta(self.enc_out_bbox_embed[group](chosen), anchors))
-        enc_boxes = torch.cat(boxes, 1)  # (B, G*k, 4)
-        batch = enc_boxes.shape[0]
-        selected = enc_boxes.shape[1]
+        return Proposals(torch.cat(features, 1), torch.cat(logits, 1), torch.cat(boxes, 1))
+
+    @staticmethod
+    def decoder_queries(proposals: Proposals, query_feat: torch.Tensor, refpoint: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The learned content queries (B, Q, D) and reference boxes (B, Q, 4): the learned box
+        rows applied as deltas to the (detached) proposal boxes."""
+        batch, selected = proposals.boxes.shape[:2]
         learned = refpoint[None].expand(batch, -1, -1)
-        reference = apply_box_delta(learned[:, :selected], enc_boxes.detach())
+        reference = apply_box_delta(learned[:, :selected], proposals.boxes.detach())
         if selected < refpoint.shape[0]:  # memory shorter than the query count
             reference = torch.cat((reference, learned[:, selected:]), 1)
-        tgt = query_feat[None].expand(batch, -1, -1)
-        hidden = self.decoder(tgt, reference, memory.tokens, memory.shapes, memory.padding,
-                              memory.valid_ratios, groups)
-        return TransformerOutput(hidden, reference, torch.cat(logits, 1), enc_boxes, torch.cat(features, 1))
+        return query_feat[None].expand(batch, -1, -1), reference

@@ -10,12 +10,16 @@ import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from detrkit.models.heads.box import tile_rows
+from detrkit.models.heads.keypoint import reset_precision_rows
 from detrkit.ops.position import resize_grid_embeddings
+
+if TYPE_CHECKING:
+    from detrkit.models.detector import Detector
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +30,11 @@ _WRAPPER_PREFIXES = ("model.", "_orig_mod.")
 _POSITION_KEY = "backbone.0.encoder.encoder.embeddings.position_embeddings"
 _PATCH_KEY = "backbone.0.encoder.encoder.embeddings.patch_embeddings.projection.weight"
 _MASK_HEAD_PREFIX = "segmentation_head."
+_KEYPOINT_HEAD_PREFIX = "keypoint_embed."
+_PROJECTOR_PREFIX = "backbone.0.projector."
+_SECOND_PROJECTOR_PREFIX = "backbone.0.cross_attn_projector."
+# a standalone keypoint projection the published keypoint preview still stores; nothing reads it
+_UNUSED_PREFIXES = ("keypoint_head.keypoint_proj.",)
 _QUERY_KEYS = ("refpoint_embed.weight", "query_feat.weight")
 
 
@@ -105,9 +114,11 @@ def fit_weights(checkpoint: Checkpoint, model: torch.nn.Module) -> dict[str, tor
     """The checkpoint's weights reshaped to `model`: class head tiled or truncated, query rows
     sliced per group, position embeddings resized. Raises CheckpointError on a different model."""
     target = model.state_dict()
-    weights = dict(checkpoint.weights)
+    weights = {k: v for k, v in checkpoint.weights.items() if not k.startswith(_UNUSED_PREFIXES)}
     _check_patch_size(checkpoint, target)
     _check_segmentation_head(checkpoint, target)
+    _check_keypoint_head(checkpoint, target)
+    _seed_second_projector(weights, target)
     num_logits = target["class_embed.bias"].shape[0]
     for key, value in weights.items():
         if _is_class_head(key) and value.shape[0] != num_logits:
@@ -147,6 +158,31 @@ def _check_segmentation_head(checkpoint: Checkpoint, target: dict[str, torch.Ten
     if wanted and not saved and declared is False:
         raise CheckpointError(f"{checkpoint.path} was trained without a segmentation head and the model has "
                               "one; load it into a detection class such as RFDETRNano")
+
+
+def _check_keypoint_head(checkpoint: Checkpoint, target: dict[str, torch.Tensor]) -> None:
+    """A keypoint checkpoint needs a keypoint model; one saved without keypoints (its config says
+    use_grouppose_keypoints=False) needs a model without them."""
+    saved = any(key.startswith(_KEYPOINT_HEAD_PREFIX) for key in checkpoint.weights)
+    wanted = any(key.startswith(_KEYPOINT_HEAD_PREFIX) for key in target)
+    declared = {**checkpoint.args, **checkpoint.model_config}.get("use_grouppose_keypoints")
+    if saved and not wanted:
+        raise CheckpointError(f"{checkpoint.path} was trained with keypoint heads and the model has none; "
+                              "load it into a keypoint class such as RFDETRKeypointPreview")
+    if wanted and not saved and declared is False:
+        raise CheckpointError(f"{checkpoint.path} was trained without keypoint heads and the model has them; "
+                              "load it into a detection class such as RFDETRNano")
+
+
+def _seed_second_projector(weights: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> None:
+    """A dual-projector model loading weights without a second projector starts it as a copy of
+    the first."""
+    if any(k.startswith(_SECOND_PROJECTOR_PREFIX) for k in weights):
+        return
+    if not any(k.startswith(_SECOND_PROJECTOR_PREFIX) for k in target):
+        return
+    for key in [k for k in weights if k.startswith(_PROJECTOR_PREFIX)]:
+        weights[_SECOND_PROJECTOR_PREFIX + key[len(_PROJECTOR_PREFIX):]] = weights[key].clone()
 
 
 def _fit_query_rows(saved: torch.Tensor, current: torch.Tensor, args: dict[str, Any],
@@ -195,3 +231,14 @@ def load_weights(model: torch.nn.Module, checkpoint: Checkpoint) -> None:
     """Fit and load the checkpoint into `model` in place."""
     model.load_state_dict(fit_weights(checkpoint, model), strict=False)
     logger.info("loaded weights from %s", checkpoint.path)
+
+
+def reset_keypoint_precision(model: Detector) -> None:
+    """Zero the precision outputs (slot channels 4..6, weights and biases) of the keypoint head
+    and of its per-group encoder copies: done after loading pretrained weights for training, so
+    fine-tuning starts every keypoint at unit precision. No-op for models without keypoints."""
+    if model.keypoint_embed is None:
+        return
+    reset_precision_rows(model.keypoint_embed)
+    for copy in model.transformer.enc_out_keypoint_embed:
+        reset_precision_rows(copy)
