@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image
 
 from detrkit.datasets.coco import CocoDetection
-from detrkit.datasets.synthetic import class_colour, make_synthetic_dataset
+from detrkit.datasets.synthetic import CORNERS, class_colour, make_synthetic_dataset
 from detrkit.datasets.transforms import build_eval_transform
 
 
@@ -43,3 +43,17 @@ def test_reader_drops_the_parent_category(tmp_path):
     root = make_synthetic_dataset(tmp_path, num_train=2, num_valid=1, classes=("a", "b"))
     dataset = CocoDetection(root / "train/_annotations.coco.json", root / "train", build_eval_transform(64))
     assert dataset.class_names == ["a", "b"] and dataset.label_to_category_id == {0: 1, 1: 2}
+
+
+def test_pose_option_writes_the_box_corners_as_named_keypoints(tmp_path):
+    root = make_synthetic_dataset(tmp_path, num_train=3, num_valid=1, image_size=(160, 120), seed=2, keypoints=True)
+    data = json.loads((root / "train/_annotations.coco.json").read_text())
+    assert "keypoints" not in data["categories"][0]  # the Roboflow-style parent has none
+    assert all(c["keypoints"] == list(CORNERS) and len(c["skeleton"]) == 4 for c in data["categories"][1:])
+    for annotation in data["annotations"]:
+        x, y, w, h = annotation["bbox"]
+        assert annotation["keypoints"] == [x, y, 2, x + w - 1, y, 2, x + w - 1, y + h - 1, 2, x, y + h - 1, 2]
+        assert annotation["num_keypoints"] == 4
+    plain = make_synthetic_dataset(tmp_path / "plain", num_train=3, num_valid=1, image_size=(160, 120), seed=2)
+    plain_data = json.loads((plain / "train/_annotations.coco.json").read_text())
+    assert [a["bbox"] for a in plain_data["annotations"]] == [a["bbox"] for a in data["annotations"]]

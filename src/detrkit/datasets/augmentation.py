@@ -11,6 +11,7 @@ from torchvision.transforms import v2
 
 from detrkit.config import TrainConfig
 from detrkit.datasets.detection import SampleTransform
+from detrkit.datasets.keypoint_schema import KeypointFlip, pairs_from_flat
 from detrkit.datasets.transforms import build_train_resize, build_train_transform
 from detrkit.structures import Batch
 
@@ -19,9 +20,14 @@ BatchAugment = Callable[[Batch], Batch]
 
 class Augmentation(Protocol):
     """What every backend provides: the per-sample transform of the training split (run in the
-    loader workers) and the per-batch step on the training device (None when there is none)."""
+    loader workers), the per-batch step on the training device (None when there is none), and
+    whether either can mirror an image. Keypoint data needs a flip map (`keypoint_flip`, given
+    per call or at construction) to relabel left and right slots when an image is mirrored."""
 
-    def train_transform(self, scales: Sequence[int], square: bool, scale_jitter: bool) -> SampleTransform: ...
+    mirrors: bool
+
+    def train_transform(self, scales: Sequence[int], square: bool, scale_jitter: bool,
+                        keypoint_flip: KeypointFlip | None = None) -> SampleTransform: ...
 
     def batch_augment(self) -> BatchAugment | None: ...
 
@@ -29,14 +35,17 @@ class Augmentation(Protocol):
 class TorchvisionAugmentation:
     """The default pipeline (resize branches, horizontal flip, normalise); aug_config={} drops the flip."""
 
-    def __init__(self, aug_config: dict[str, dict] | None) -> None:
+    def __init__(self, aug_config: dict[str, dict] | None, keypoint_flip: KeypointFlip | None = None) -> None:
         if aug_config:
             warnings.warn(f"augmentation_backend='torchvision' runs the default pipeline; aug_config "
                           f"{sorted(aug_config)} is ignored", UserWarning, stacklevel=2)
         self.flip_p = 0.0 if aug_config == {} else 0.5
+        self.mirrors = self.flip_p > 0
+        self.keypoint_flip = keypoint_flip
 
-    def train_transform(self, scales: Sequence[int], square: bool, scale_jitter: bool) -> SampleTransform:
-        return build_train_transform(scales, square, scale_jitter, self.flip_p)
+    def train_transform(self, scales: Sequence[int], square: bool, scale_jitter: bool,
+                        keypoint_flip: KeypointFlip | None = None) -> SampleTransform:
+        return build_train_transform(scales, square, scale_jitter, self.flip_p, keypoint_flip or self.keypoint_flip)
 
     def batch_augment(self) -> BatchAugment | None:
         return None
@@ -45,16 +54,20 @@ class TorchvisionAugmentation:
 class AlbumentationsAugmentation:
     """The aug_config by Albumentations, per sample in the loader workers, after the resize stage."""
 
-    def __init__(self, aug_config: dict[str, dict]) -> None:
-        from detrkit.datasets.albumentations import build_compose
+    def __init__(self, aug_config: dict[str, dict], keypoint_flip: KeypointFlip | None = None) -> None:
+        from detrkit.datasets.albumentations import MIRRORING, build_compose
 
         build_compose(aug_config)  # fail on a bad name or keyword now, not in a worker
         self.aug_config = aug_config
+        self.mirrors = bool(MIRRORING & set(aug_config))
+        self.keypoint_flip = keypoint_flip
 
-    def train_transform(self, scales: Sequence[int], square: bool, scale_jitter: bool) -> SampleTransform:
+    def train_transform(self, scales: Sequence[int], square: bool, scale_jitter: bool,
+                        keypoint_flip: KeypointFlip | None = None) -> SampleTransform:
         from detrkit.datasets.albumentations import AlbumentationsTransform
 
-        return AlbumentationsTransform(build_train_resize(scales, square, scale_jitter), self.aug_config)
+        return AlbumentationsTransform(build_train_resize(scales, square, scale_jitter), self.aug_config,
+                                       keypoint_flip or self.keypoint_flip)
 
     def batch_augment(self) -> BatchAugment | None:
         return None
@@ -64,12 +77,15 @@ class KorniaAugmentation:
     """Loader workers only resize (uint8 out, a quarter of the float bytes to move); the aug_config
     and the normalisation run per batch on the training device."""
 
-    def __init__(self, aug_config: dict[str, dict]) -> None:
-        from detrkit.datasets.kornia import KorniaAugment
+    def __init__(self, aug_config: dict[str, dict], keypoint_flip: KeypointFlip | None = None) -> None:
+        from detrkit.datasets.kornia import MIRRORING, KorniaAugment
 
-        self.augment = KorniaAugment(aug_config)
+        self.augment = KorniaAugment(aug_config, keypoint_flip)
+        self.mirrors = bool(MIRRORING & set(aug_config))
 
-    def train_transform(self, scales: Sequence[int], square: bool, scale_jitter: bool) -> SampleTransform:
+    def train_transform(self, scales: Sequence[int], square: bool, scale_jitter: bool,
+                        keypoint_flip: KeypointFlip | None = None) -> SampleTransform:
+        """The resize stage; the batch step mirrors, with the flip map given at construction."""
         return v2.Compose([build_train_resize(scales, square, scale_jitter)])
 
     def batch_augment(self) -> BatchAugment | None:
@@ -97,10 +113,15 @@ def resolve_backend(name: str, aug_config: dict[str, dict] | None, cuda: bool) -
     return name
 
 
-def build_augmentation(train_config: TrainConfig) -> Augmentation:
+def build_augmentation(train_config: TrainConfig, keypoint_flip: KeypointFlip | None = None) -> Augmentation:
     """The backend object the config selects, with its aug_config checked (ValueError naming a bad
-    transform; ImportError naming detrkit[augment] when the package is missing)."""
+    transform; ImportError naming detrkit[augment] when the package is missing). The keypoint flip
+    map defaults to TrainConfig.keypoint_flip_pairs when those are given; pass the data set's
+    (DatasetSplits.keypoint_flip) so that a batch step can relabel mirrored keypoints too."""
     device = train_config.device or train_config.accelerator
     cuda = torch.cuda.is_available() and device.split(":")[0] in ("auto", "cuda", "gpu")
     name = resolve_backend(train_config.augmentation_backend, train_config.aug_config, cuda)
-    return BACKENDS[name](train_config.aug_config)
+    if keypoint_flip is None and train_config.keypoint_flip_pairs:
+        keypoint_flip = KeypointFlip(pairs_from_flat(train_config.keypoint_flip_pairs, None,
+                                                     "TrainConfig.keypoint_flip_pairs"))
+    return BACKENDS[name](train_config.aug_config, keypoint_flip)

@@ -6,13 +6,21 @@ import json
 import os
 import warnings
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from detrkit.datasets import segments
+from detrkit.datasets.coco_keypoints import (
+    UNUSED_SLOT,
+    annotation_keypoints,
+    category_keypoints,
+    keypoint_layout,
+)
 from detrkit.datasets.detection import DetectionDataset, ImageRecord, SampleTransform
+from detrkit.datasets.keypoint_schema import KeypointSchema
 
 ROBOFLOW_ANNOTATIONS = "_annotations.coco.json"
 ROBOFLOW_SPLITS = ("train", "valid", "test")
@@ -29,16 +37,29 @@ class CategoryMap:
 
 class CocoDetection(DetectionDataset):
     """One split of a COCO-format data set; labels 0..N-1 index the kept categories. With
-    `masks`, every annotation's `segmentation` is checked and kept as compressed RLE."""
+    `masks`, every annotation's `segmentation` is checked and kept as compressed RLE. With
+    `keypoints` (the model's num_keypoints_per_class; empty: as the data says), categories take
+    the label slots of the keypoint schema and every annotation's keypoints are checked and kept;
+    other splits pass the first split's `categories` and `keypoint_schema` instead."""
 
     def __init__(self, annotation_file: str | os.PathLike, image_dir: str | os.PathLike,
-                 transform: SampleTransform, categories: CategoryMap | None = None, masks: bool = False) -> None:
+                 transform: SampleTransform, categories: CategoryMap | None = None, masks: bool = False,
+                 keypoints: Sequence[int] | None = None, keypoint_schema: KeypointSchema | None = None) -> None:
         annotation_file = Path(annotation_file)
         data = load_coco_json(annotation_file)
         self.categories = categories or category_map(data, annotation_file)
-        records = _read_records(data, annotation_file, Path(image_dir), self.categories, masks)
+        if keypoints is not None and keypoint_schema is None:
+            ids, names, keypoint_schema = keypoint_layout(data, annotation_file, self.categories.category_ids,
+                                                          self.categories.names, keypoints)
+            self.categories = CategoryMap(tuple(ids), tuple(names))
+        counts = None
+        if keypoint_schema is not None:
+            known = [c for c in self.categories.category_ids if c != UNUSED_SLOT]
+            counts = {c: k.count for c, k in category_keypoints(data, annotation_file, known).items()}
+        records = _read_records(data, annotation_file, Path(image_dir), self.categories, masks,
+                                (keypoint_schema.width, counts) if counts is not None else None)
         super().__init__(records, list(self.categories.names), transform,
-                         dict(enumerate(self.categories.category_ids)))
+                         dict(enumerate(self.categories.category_ids)), keypoint_schema)
 
 
 def load_coco_json(path: Path) -> dict:
@@ -76,39 +97,54 @@ def category_map(data: dict, path: Path) -> CategoryMap:
 
 
 def roboflow_splits(root: Path, train_transform: SampleTransform, eval_transform: SampleTransform,
-                    masks: bool = False) -> tuple[CocoDetection, CocoDetection, CocoDetection | None]:
+                    masks: bool = False, keypoints: Sequence[int] | None = None,
+                    ) -> tuple[CocoDetection, CocoDetection, CocoDetection | None]:
     """`root/{train,valid,test}/_annotations.coco.json` with images beside; test is optional."""
-    def split(name: str, transform: SampleTransform, categories: CategoryMap | None) -> CocoDetection:
-        return CocoDetection(root / name / ROBOFLOW_ANNOTATIONS, root / name, transform, categories, masks)
+    train = CocoDetection(root / "train" / ROBOFLOW_ANNOTATIONS, root / "train", train_transform, None, masks,
+                          keypoints)
 
-    train = split("train", train_transform, None)
-    valid = split("valid", eval_transform, train.categories)
-    test = split("test", eval_transform, train.categories) if (root / "test" / ROBOFLOW_ANNOTATIONS).exists() else None
-    return train, valid, test
+    def split(name: str) -> CocoDetection:
+        return CocoDetection(root / name / ROBOFLOW_ANNOTATIONS, root / name, eval_transform, train.categories,
+                             masks, keypoint_schema=train.keypoint_schema)
+
+    test = split("test") if (root / "test" / ROBOFLOW_ANNOTATIONS).exists() else None
+    return train, split("valid"), test
 
 
 def coco2017_splits(root: Path, train_transform: SampleTransform, eval_transform: SampleTransform,
-                    masks: bool = False) -> tuple[CocoDetection, CocoDetection, None]:
-    """`root/annotations/instances_{train,val}2017.json` with images in `root/{train,val}2017`."""
-    def split(name: str, transform: SampleTransform, categories: CategoryMap | None) -> CocoDetection:
-        folder = COCO_SPLITS[name]
-        return CocoDetection(root / "annotations" / f"instances_{folder}.json", root / folder, transform,
-                             categories, masks)
+                    masks: bool = False, keypoints: Sequence[int] | None = None,
+                    ) -> tuple[CocoDetection, CocoDetection, None]:
+    """`root/annotations/instances_{train,val}2017.json` with images in `root/{train,val}2017`;
+    keypoint models read `person_keypoints_{train,val}2017.json` instead."""
+    prefix = "instances" if keypoints is None else "person_keypoints"
 
-    train = split("train", train_transform, None)
-    return train, split("valid", eval_transform, train.categories), None
+    def file(name: str) -> Path:
+        return root / "annotations" / f"{prefix}_{COCO_SPLITS[name]}.json"
+
+    train = CocoDetection(file("train"), root / COCO_SPLITS["train"], train_transform, None, masks, keypoints)
+    valid = CocoDetection(file("valid"), root / COCO_SPLITS["valid"], eval_transform, train.categories, masks,
+                          keypoint_schema=train.keypoint_schema)
+    return train, valid, None
 
 
-def _read_records(data: dict, path: Path, image_dir: Path, categories: CategoryMap,
-                  masks: bool) -> list[ImageRecord]:
+Row = tuple[list[float], int, float, bool, "bytes | None", "np.ndarray | None"]
+
+
+def _read_records(data: dict, path: Path, image_dir: Path, categories: CategoryMap, masks: bool,
+                  keypoints: tuple[int, dict[int, int]] | None) -> list[ImageRecord]:
+    """The images' records; `keypoints` = (width, keypoint count per category id) reads them too."""
     sizes, files = _index_images(data, path, image_dir)
     label_of = {category_id: label for label, category_id in enumerate(categories.category_ids)}
-    rows: dict[int, list[tuple[list[float], int, float, bool, bytes | None]]] = defaultdict(list)
+    rows: dict[int, list[Row]] = defaultdict(list)
     degenerate = 0
     for annotation in data["annotations"]:
         image_id, label = _check_annotation(annotation, path, sizes, label_of)
         height, width = sizes[image_id]
         rle = _mask_rle(annotation, path, (height, width)) if masks else None  # checked even if dropped below
+        points = None
+        if keypoints is not None:
+            points = annotation_keypoints(annotation, path, keypoints[1].get(annotation["category_id"], 0),
+                                          keypoints[0], (height, width))
         x, y, w, h = (float(v) for v in annotation["bbox"])
         box = [min(max(x, 0.0), width), min(max(y, 0.0), height),
                min(max(x + w, 0.0), width), min(max(y + h, 0.0), height)]
@@ -117,11 +153,12 @@ def _read_records(data: dict, path: Path, image_dir: Path, categories: CategoryM
             continue
         area = float(annotation.get("area", (box[2] - box[0]) * (box[3] - box[1])))
         normalised = [box[0] / width, box[1] / height, box[2] / width, box[3] / height]
-        rows[image_id].append((normalised, label, area, bool(annotation.get("iscrowd", 0)), rle))
+        rows[image_id].append((normalised, label, area, bool(annotation.get("iscrowd", 0)), rle, points))
     if degenerate:
         warnings.warn(f"dropped {degenerate} degenerate boxes (width or height <= 0 after clamping to "
                       f"the image) in {path}", stacklevel=3)
-    records = [_record(files[image_id], image_id, sizes[image_id], rows[image_id], masks) for image_id in files]
+    width = None if keypoints is None else keypoints[0]
+    records = [_record(files[i], i, sizes[i], rows[i], masks, width) for i in files]
     if masks:
         _warn_empty_masks(records, path)
     return records
@@ -177,8 +214,9 @@ def _check_annotation(annotation: dict, path: Path, sizes: dict, label_of: dict[
     return image_id, label_of[category_id]
 
 
-def _record(file: Path, image_id: int, size: tuple[int, int], rows: list, masks: bool) -> ImageRecord:
-    boxes, labels, area, crowd, rles = zip(*rows) if rows else ((), (), (), (), ())
+def _record(file: Path, image_id: int, size: tuple[int, int], rows: list[Row], masks: bool,
+            keypoint_width: int | None) -> ImageRecord:
+    boxes, labels, area, crowd, rles, points = zip(*rows) if rows else ((), (), (), (), (), ())
     return ImageRecord(
         path=file, image_id=image_id, size=size,
         boxes=np.array(boxes, dtype=np.float32).reshape(-1, 4),
@@ -186,4 +224,5 @@ def _record(file: Path, image_id: int, size: tuple[int, int], rows: list, masks:
         iscrowd=np.array(crowd, dtype=bool),
         area=np.array(area, dtype=np.float32),
         mask_rles=list(rles) if masks else None,
+        keypoints=None if keypoint_width is None else np.array(points, dtype=np.float32).reshape(-1, keypoint_width, 3),
     )

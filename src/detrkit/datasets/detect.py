@@ -7,8 +7,9 @@ from pathlib import Path
 
 from detrkit.config import DatasetFormat, ModelConfig, TrainConfig
 from detrkit.datasets import coco, yolo
-from detrkit.datasets.detection import DetectionDataset
 from detrkit.datasets.augmentation import build_augmentation
+from detrkit.datasets.detection import DetectionDataset
+from detrkit.datasets.keypoint_schema import KeypointFlip, KeypointSchema, resolve_flip
 from detrkit.datasets.transforms import build_eval_transform, sample_scales
 
 # format -> reader of (train, valid, test or None); the only place that branches on the name
@@ -17,20 +18,24 @@ READERS = {"roboflow": coco.roboflow_splits, "coco": coco.coco2017_splits, "yolo
 # the file whose presence identifies each format, in the order they are tried
 MARKERS: tuple[tuple[DatasetFormat, tuple[str, ...]], ...] = (
     ("roboflow", (f"train/{coco.ROBOFLOW_ANNOTATIONS}",)),
-    ("coco", ("annotations/instances_train2017.json",)),
+    ("coco", ("annotations/instances_train2017.json", "annotations/person_keypoints_train2017.json")),
     ("yolo", yolo.YAML_FILES),
 )
 
 
 @dataclass
 class DatasetSplits:
-    """The splits of one data set and its classes; `test` is None when the data set has none."""
+    """The splits of one data set and its classes; `test` is None when the data set has none.
+    Keypoint data sets add their schema and the flip map the training pipeline uses (pass it to
+    build_augmentation for a batch-level backend)."""
 
     train: DetectionDataset
     valid: DetectionDataset
     test: DetectionDataset | None
     class_names: list[str]
     num_classes: int
+    keypoint_schema: KeypointSchema | None = None
+    keypoint_flip: KeypointFlip | None = None
 
 
 def detect_format(dataset_dir: str | Path) -> DatasetFormat:
@@ -45,10 +50,13 @@ def detect_format(dataset_dir: str | Path) -> DatasetFormat:
     raise ValueError(f"cannot tell the format of data set {root}: none of {looked} exists")
 
 
-def build_datasets(train_config: TrainConfig, model_config: ModelConfig, masks: bool | None = None) -> DatasetSplits:
+def build_datasets(train_config: TrainConfig, model_config: ModelConfig, masks: bool | None = None,
+                   keypoints: bool | None = None) -> DatasetSplits:
     """Read and check every split up front (annotations, categories, image files, and with
-    `masks` the segmentations), with the training and evaluation transforms that the configs
-    describe. `masks` defaults to the model having a segmentation head."""
+    `masks` the segmentations, with `keypoints` the keypoints and the flip map a mirroring
+    pipeline needs), with the training and evaluation transforms that the configs describe.
+    `masks` defaults to the model having a segmentation head, `keypoints` to it having keypoint
+    heads; the keypoint schema is the model's num_keypoints_per_class, or the data's when empty."""
     if train_config.dataset_dir is None:
         raise ValueError("TrainConfig.dataset_dir is not set; it must name the data set folder")
     root = Path(train_config.dataset_dir)
@@ -57,13 +65,20 @@ def build_datasets(train_config: TrainConfig, model_config: ModelConfig, masks: 
     dataset_format = train_config.dataset_file or detect_format(root)
     scales = sample_scales(train_config.multi_scale, model_config.resolution, model_config.block_size,
                            train_config.expanded_scales)
-    square = train_config.square_resize_div_64
-    train_transform = build_augmentation(train_config).train_transform(scales, square, train_config.scale_jitter)
+    square, jitter = train_config.square_resize_div_64, train_config.scale_jitter
+    augmentation = build_augmentation(train_config)
     eval_transform = build_eval_transform(model_config.resolution, square)
     masks = model_config.segmentation_head if masks is None else masks
-    train, valid, test = READERS[dataset_format](root, train_transform, eval_transform, masks)
+    keypoints = model_config.use_grouppose_keypoints if keypoints is None else keypoints
+    counts = list(model_config.num_keypoints_per_class) if keypoints else None
+    train, valid, test = READERS[dataset_format](root, augmentation.train_transform(scales, square, jitter),
+                                                 eval_transform, masks, counts)
+    flip = None
+    if keypoints:
+        flip = resolve_flip(train.keypoint_schema, train_config.keypoint_flip_pairs, augmentation.mirrors)
+        train.transform = augmentation.train_transform(scales, square, jitter, flip)  # now with the flip map
     names = train.class_names
     if train_config.class_names is not None and list(train_config.class_names) != names:
         raise ValueError(f"TrainConfig.class_names {train_config.class_names} differ from the class "
                          f"names {names} of data set {root}")
-    return DatasetSplits(train, valid, test, names, len(names))
+    return DatasetSplits(train, valid, test, names, len(names), train.keypoint_schema, flip)

@@ -13,13 +13,16 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
+from detrkit.datasets import keypoints as kp
 from detrkit.datasets.images import read_image, to_tensor
+from detrkit.datasets.keypoint_schema import KeypointSchema
 from detrkit.datasets.segments import decode_masks
 from detrkit.ops.boxes import xyxy_to_cxcywh
 from detrkit.structures import Target
 
-# (image, {"boxes", "labels", "area"[, "masks"]}) -> (normalised float image, same keys), e.g. a
-# v2.Compose; "masks" is a tv_tensors.Mask (N, H, W) bool, present when the data set has masks
+# (image, {"boxes", "labels", "area"[, "masks"][, "keypoints", "keypoint_visibility"]}) -> (normalised
+# float image, same keys), e.g. a v2.Compose; "masks" is a tv_tensors.Mask (N, H, W) bool, present when
+# the data set has masks; keypoints are tv_tensors.KeyPoints (N, K, 2) pixels with a kp.Visibility (N, K)
 SampleTransform = Callable[[tv_tensors.Image, dict[str, Any]], tuple[torch.Tensor, dict[str, Any]]]
 
 
@@ -31,7 +34,8 @@ class ImageRecord:
     int64; iscrowd (N,) bool; area (N,) source pixels, or None for "box area"; size (H, W) when
     the annotation file states it, else None (read from the image header when needed).
     mask_rles: one compressed COCO RLE string per row at `size` (which is then set), or None
-    when the data set is read without masks.
+    when the data set is read without masks. keypoints (N, K, 3) float32: x, y normalised like
+    the boxes and visibility v in {0, 1, 2}, all zero where v = 0; None without keypoints.
     """
 
     path: Path
@@ -42,6 +46,7 @@ class ImageRecord:
     area: np.ndarray | None = None
     size: tuple[int, int] | None = None
     mask_rles: list[bytes] | None = None
+    keypoints: np.ndarray | None = None
 
 
 class DetectionDataset(Dataset):
@@ -49,12 +54,15 @@ class DetectionDataset(Dataset):
 
     Crowd regions stay out of the transformed boxes; every split's Target carries them apart,
     in source pixels, for evaluation. Records with masks give samples with masks, decoded here
-    for this sample only and transformed with their boxes.
+    for this sample only and transformed with their boxes; records with keypoints give samples
+    with keypoints (`keypoint_schema` says their layout), likewise.
     """
 
     def __init__(self, records: list[ImageRecord], class_names: list[str], transform: SampleTransform,
-                 label_to_category_id: dict[int, int] | None = None) -> None:
+                 label_to_category_id: dict[int, int] | None = None,
+                 keypoint_schema: KeypointSchema | None = None) -> None:
         self.records = records
+        self.keypoint_schema = keypoint_schema
         self.class_names = list(class_names)
         self.transform = transform
         # the data set's own category id behind each label (identity where labels are the ids)
@@ -78,6 +86,8 @@ class DetectionDataset(Dataset):
         }
         if record.mask_rles is not None:
             sample["masks"] = tv_tensors.Mask(_decode_kept(record, keep, (height, width)))
+        if record.keypoints is not None:
+            sample.update(kp.to_sample(torch.from_numpy(record.keypoints[keep]), (height, width)))
         pixels, sample = self.transform(image, sample)
         target = _to_target(sample, record.image_id, (height, width), tuple(pixels.shape[-2:]))
         # crowd regions skip the transform: evaluation reads them in source pixels
@@ -88,7 +98,8 @@ class DetectionDataset(Dataset):
     def coco_ground_truth(self) -> dict:
         """COCO-format {images, annotations, categories} in label space (category_id = label),
         boxes xywh in source pixels, crowd regions included; annotation ids count from 1. Data
-        read with masks add each annotation's `segmentation` as compressed RLE."""
+        read with masks add each annotation's `segmentation` as compressed RLE; with keypoints, its
+        `keypoints` (pixels) and `num_keypoints`, and each category its keypoint names and skeleton."""
         images, annotations = [], []
         for record in self.records:
             height, width = record.size or header_size(record.path)
@@ -96,6 +107,9 @@ class DetectionDataset(Dataset):
             annotations += _record_annotations(record, (height, width), len(annotations) + 1)
         categories = [{"id": label, "name": name, "supercategory": "none"}
                       for label, name in enumerate(self.class_names)]
+        if self.keypoint_schema is not None:
+            for label, category in enumerate(categories):
+                category.update(self.keypoint_schema.coco_fields(label))
         return {"images": images, "annotations": annotations, "categories": categories}
 
 
@@ -111,6 +125,10 @@ def _record_annotations(record: ImageRecord, size: tuple[int, int], first_id: in
                       "iscrowd": int(crowd)}
         if record.mask_rles is not None:  # str counts keep it JSON-safe; pycocotools reads both
             annotation["segmentation"] = {"size": [height, width], "counts": record.mask_rles[row].decode("ascii")}
+        if record.keypoints is not None:
+            points = record.keypoints[row] * np.array([width, height, 1], dtype=np.float32)  # (K, 3) pixels
+            annotation["keypoints"] = points.ravel().tolist()
+            annotation["num_keypoints"] = int((points[:, 2] > 0).sum())
         annotations.append(annotation)
     return annotations
 
@@ -130,7 +148,8 @@ def _decode_kept(record: ImageRecord, keep: np.ndarray, size: tuple[int, int]) -
 
 def _to_target(sample: dict[str, Any], image_id: int, orig_size: tuple[int, int],
                size: tuple[int, int]) -> Target:
-    """Drop boxes a crop emptied, with their masks; xyxy pixels -> cxcywh normalised by the output size."""
+    """Drop boxes a crop emptied, with their masks and keypoints; xyxy pixels -> cxcywh normalised by
+    the output size, keypoints too."""
     boxes = sample["boxes"].as_subclass(torch.Tensor)
     keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
     height, width = size
@@ -138,7 +157,8 @@ def _to_target(sample: dict[str, Any], image_id: int, orig_size: tuple[int, int]
     masks = sample.get("masks")
     return Target(boxes=xyxy_to_cxcywh(boxes[keep]) / scale, labels=sample["labels"][keep],
                   image_id=image_id, orig_size=orig_size, size=size, area=sample["area"][keep],
-                  masks=None if masks is None else masks.as_subclass(torch.Tensor)[keep].bool())
+                  masks=None if masks is None else masks.as_subclass(torch.Tensor)[keep].bool(),
+                  keypoints=kp.to_target(sample, keep, size) if kp.KEYPOINTS in sample else None)
 
 
 def header_size(path: Path) -> tuple[int, int]:

@@ -17,10 +17,13 @@ except ImportError as error:  # the registry turns this into advice
                       "pip install 'detrkit[augment]'") from error
 
 from detrkit.datasets.images import IMAGENET_MEAN, IMAGENET_STD
+from detrkit.datasets.keypoint_schema import KeypointFlip
+from detrkit.datasets.keypoints import mark_outside
 from detrkit.ops.boxes import cxcywh_to_xyxy, xyxy_to_cxcywh
 from detrkit.structures import Batch, Target
 
 OPS = {**kornia_ops.GEOMETRIC, **kornia_ops.COLOUR}
+MIRRORING = frozenset({"HorizontalFlip", "VerticalFlip"})  # the ops that can mirror an image
 
 
 def supported_transforms() -> list[str]:
@@ -56,14 +59,15 @@ class KorniaAugment:
     """Batch -> Batch on the batch's device: uint8 or [0, 1] pixels in, normalised pixels out.
 
     All geometric ops compose into one matrix per image, applied by one warp of the whole batch,
-    to the boxes' corners and to the instance masks (nearest); the colour ops follow in their
-    config order. Each image moves
-    about its own centre, so padded batches work: the padding stays where it is and is zeroed.
-    Randomness: one number from the torch global generator per batch seeds the draws.
+    to the boxes' corners, to the instance masks (nearest) and to the keypoints, whose slots
+    `keypoint_flip` swaps in images whose matrix mirrors; the colour ops follow in their config
+    order. Each image moves about its own centre, so padded batches work: the padding stays where
+    it is and is zeroed. Randomness: one number from the torch global generator per batch seeds the draws.
     """
 
-    def __init__(self, aug_config: dict[str, dict]) -> None:
+    def __init__(self, aug_config: dict[str, dict], keypoint_flip: KeypointFlip | None = None) -> None:
         self.geometric, self.colour = build_ops(aug_config)
+        self.keypoint_flip = keypoint_flip or KeypointFlip(None)
         self.mean = torch.tensor(IMAGENET_MEAN)[:, None, None]
         self.std = torch.tensor(IMAGENET_STD)[:, None, None]
 
@@ -80,7 +84,8 @@ class KorniaAugment:
             for op in self.geometric:
                 matrix = op.matrices(sizes, draws) @ matrix
             images = apply_geometry(images, matrix, sizes)
-            targets = move_boxes(move_masks(targets, matrix), matrix, sizes)
+            targets = move_keypoints(move_masks(targets, matrix), matrix, self.keypoint_flip)
+            targets = move_boxes(targets, matrix, sizes)
         if self.colour:
             images, scale = images.div_(scale), 1.0  # colour ops work in [0, 1]
         for op in self.colour:
@@ -179,9 +184,32 @@ def warp_masks(masks: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
     return masks.flatten(1).index_select(1, index).view(count, height, width) & inside
 
 
+def move_keypoints(targets: list[Target], matrix: torch.Tensor, flip: KeypointFlip) -> list[Target]:
+    """Each target's keypoints through its image's (host) matrix, slots swapped by `flip` where the
+    matrix mirrors; those left outside the image zeroed. Keypoints are pixel-index coordinates
+    (pixel i centred on i), so they move as i + 0.5 in the matrices' continuous frame."""
+    moved = []
+    for target, transform in zip(targets, matrix):
+        points = target.keypoints
+        if points is None or not len(points) or torch.equal(transform, torch.eye(3)):
+            moved.append(target)
+            continue
+        height, width = target.size
+        scale = torch.tensor([width, height], dtype=points.dtype, device=points.device)
+        linear, shift = transform[:2, :2].to(points.device), transform[:2, 2].to(points.device)
+        pixels = (points[..., :2] * scale + 0.5) @ linear.T + shift - 0.5  # (N, K, 2)
+        visibility = points[..., 2]
+        if torch.det(transform[:2, :2]) < 0:  # a mirror image: left and right trade slots
+            index = flip.index(points.shape[1]).to(points.device)
+            pixels, visibility = pixels[:, index], visibility[:, index]
+        pixels, visibility = mark_outside(pixels, visibility, target.size)
+        moved.append(replace(target, keypoints=torch.cat([pixels / scale, visibility[..., None]], -1)))
+    return moved
+
+
 def move_boxes(targets: list[Target], matrix: torch.Tensor, sizes: torch.Tensor) -> list[Target]:
     """Each target's boxes through its image's matrix: the box around the moved corners, clipped
-    to the image; boxes left without area are dropped with their labels, areas and masks."""
+    to the image; boxes left without area are dropped with their labels, areas, masks and keypoints."""
     counts = [len(t.labels) for t in targets]
     if not sum(counts):
         return targets
@@ -205,10 +233,15 @@ def move_boxes(targets: list[Target], matrix: torch.Tensor, sizes: torch.Tensor)
     areas = [None] * len(targets)
     if all(t.area is not None for t in targets):
         areas = torch.cat([t.area for t in targets]).index_select(0, index).split(kept_counts)
-    masks = [None if t.masks is None else t.masks.index_select(0, rows.to(t.masks.device, non_blocking=True))
-             for t, rows in zip(targets, _local_rows(keep, counts))]
-    return [replace(target, boxes=box, labels=label, area=area, masks=mask)
-            for target, box, label, area, mask in zip(targets, boxes, labels, areas, masks)]
+    rows = _local_rows(keep, counts)
+    masks = [_select(t.masks, kept) for t, kept in zip(targets, rows)]
+    points = [_select(t.keypoints, kept) for t, kept in zip(targets, rows)]
+    return [replace(target, boxes=box, labels=label, area=area, masks=mask, keypoints=point)
+            for target, box, label, area, mask, point in zip(targets, boxes, labels, areas, masks, points)]
+
+
+def _select(values: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return None if values is None else values.index_select(0, rows.to(values.device, non_blocking=True))
 
 
 def _local_rows(keep: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:

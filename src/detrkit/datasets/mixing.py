@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from detrkit.datasets.keypoints import mark_outside
 from detrkit.datasets.transforms import resize_masks
 from detrkit.ops.boxes import cxcywh_to_xyxy, xyxy_to_cxcywh
 from detrkit.structures import Target
@@ -27,7 +28,7 @@ def mosaic(samples: list[Sample], centre: tuple[float, float]) -> Sample:
     """Four samples at half size around `centre` (x, y as fractions of the first sample's size):
     the first above left of it, then above right, below left, below right. Each tile is cut by
     the canvas; boxes (and masks) are cut with it, and dropped when less than MIN_VISIBLE of a box
-    remains."""
+    remains; keypoints the canvas cuts off are zeroed."""
     pixels, first = samples[0]
     height, width = pixels.shape[-2:]
     tile_h, tile_w = height // 2, width // 2
@@ -41,17 +42,18 @@ def mosaic(samples: list[Sample], centre: tuple[float, float]) -> Sample:
         x0, y0, x1, y1 = max(left, 0), max(top, 0), min(left + tile_w, width), min(top + tile_h, height)
         canvas[:, y0:y1, x0:x1] = tile[:, y0 - top:y1 - top, x0 - left:x1 - left]
         parts.append(_placed(target, (left, top, tile_w, tile_h), (x0, y0, x1, y1), (height, width)))
-    boxes, labels, areas, masks = (list(part) for part in zip(*parts))
+    boxes, labels, areas, masks, points = (list(part) for part in zip(*parts))
     size = torch.tensor([width, height, width, height], dtype=torch.float32)
     mixed = _mixed_target(first, xyxy_to_cxcywh(torch.cat(boxes)) / size, torch.cat(labels), torch.cat(areas),
-                          _cat_masks(masks))
+                          _cat_masks(masks), _cat_masks(points))
     return _like(canvas, pixels), mixed
 
 
 def _placed(target: Target, tile: tuple[int, int, int, int], window: tuple[int, int, int, int],
-            canvas: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(boxes xyxy on the canvas, labels, areas, masks (n, H, W) or None) of one tile placed with
-    its top-left corner at (left, top), cut to the window (x0, y0, x1, y1) of it that the canvas shows."""
+            canvas: tuple[int, int]) -> tuple[torch.Tensor, ...]:
+    """(boxes xyxy on the canvas, labels, areas, masks (n, H, W) or None, keypoints (n, K, 3)
+    normalised to the canvas or None) of one tile placed with its top-left corner at (left, top),
+    cut to the window (x0, y0, x1, y1) of it that the canvas shows."""
     left, top, tile_w, tile_h = tile
     x0, y0, x1, y1 = window
     placed = cxcywh_to_xyxy(target.boxes) * torch.tensor([tile_w, tile_h, tile_w, tile_h]) \
@@ -64,11 +66,23 @@ def _placed(target: Target, tile: tuple[int, int, int, int], window: tuple[int, 
         tiled = resize_masks(target.masks[keep], (tile_h, tile_w))
         masks = tiled.new_zeros((len(tiled), *canvas))
         masks[:, y0:y1, x0:x1] = tiled[:, y0 - top:y1 - top, x0 - left:x1 - left]
-    return cut[keep], target.labels[keep], _areas(target)[keep], masks
+    points = None if target.keypoints is None else _placed_keypoints(target.keypoints[keep], tile, window, canvas)
+    return cut[keep], target.labels[keep], _areas(target)[keep], masks, points
+
+
+def _placed_keypoints(keypoints: torch.Tensor, tile: tuple[int, int, int, int], window: tuple[int, int, int, int],
+                      canvas: tuple[int, int]) -> torch.Tensor:
+    """(n, K, 3) keypoints of a tile, normalised to the canvas; those outside the window zeroed."""
+    left, top, tile_w, tile_h = tile
+    x0, y0, x1, y1 = window
+    pixels = keypoints[..., :2] * torch.tensor([tile_w, tile_h]) + torch.tensor([left - x0, top - y0])
+    pixels, visibility = mark_outside(pixels, keypoints[..., 2], (y1 - y0, x1 - x0))
+    pixels = (pixels + torch.tensor([x0, y0])) * (visibility[..., None] > 0)
+    return torch.cat([pixels / torch.tensor([canvas[1], canvas[0]]), visibility[..., None]], -1)
 
 
 def mixup(a: Sample, b: Sample, weight: float) -> Sample:
-    """weight * a + (1 - weight) * b (b resized to a's size), with the boxes (and masks) of both."""
+    """weight * a + (1 - weight) * b (b resized to a's size), with the boxes (masks, keypoints) of both."""
     pixels, target = a
     other, other_target = b
     if other.shape[-2:] != pixels.shape[-2:]:
@@ -78,12 +92,13 @@ def mixup(a: Sample, b: Sample, weight: float) -> Sample:
     masks = [target.masks, None if other_target.masks is None else resize_masks(other_target.masks, target.size)]
     mixed = _mixed_target(target, torch.cat([target.boxes, other_target.boxes]),
                           torch.cat([target.labels, other_target.labels]),
-                          torch.cat([_areas(target), _areas(other_target)]), _cat_masks(masks))
+                          torch.cat([_areas(target), _areas(other_target)]), _cat_masks(masks),
+                          _cat_masks([target.keypoints, other_target.keypoints]))
     return _like(blend, pixels), mixed
 
 
 def _cat_masks(masks: list[torch.Tensor | None]) -> torch.Tensor | None:
-    """The masks of all parts, or None when the samples carry none."""
+    """The masks (or keypoints) of all parts, or None when the samples carry none."""
     return None if any(m is None for m in masks) else torch.cat(masks)
 
 
@@ -96,9 +111,9 @@ def _areas(target: Target) -> torch.Tensor:
 
 
 def _mixed_target(first: Target, boxes: torch.Tensor, labels: torch.Tensor, area: torch.Tensor,
-                  masks: torch.Tensor | None) -> Target:
+                  masks: torch.Tensor | None, keypoints: torch.Tensor | None) -> Target:
     """The first sample's identity with the combined boxes; crowd regions no longer apply."""
-    return replace(first, boxes=boxes.to(first.boxes.dtype), labels=labels, area=area, masks=masks,
+    return replace(first, boxes=boxes.to(first.boxes.dtype), labels=labels, area=area, masks=masks, keypoints=keypoints,
                    crowd_boxes=torch.zeros((0, 4)), crowd_labels=torch.zeros(0, dtype=torch.int64))
 
 

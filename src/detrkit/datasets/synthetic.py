@@ -1,7 +1,9 @@
 """Write a small Roboflow-COCO data set of coloured shapes on noisy backgrounds (the demo data).
 
 Each shape is a polygon, written as its annotation's COCO `segmentation` and painted on exactly
-the pixels COCO's rasteriser gives it, so the masks are exact (the circle is a 48-gon).
+the pixels COCO's rasteriser gives it, so the masks are exact (the circle is a 48-gon). For a pose
+demo each shape can also carry the four corner pixels of its box as COCO keypoints, named with
+left and right sides so that the flip pairs follow from the names.
 """
 
 from __future__ import annotations
@@ -22,14 +24,18 @@ SHAPES = ("circle", "square", "triangle", "diamond")  # class i is drawn as SHAP
 SIDE_RANGE = (0.10, 0.30)  # object side as a fraction of the image's shorter side
 PARENT = "shapes"  # Roboflow-style root category, dropped by the reader
 CIRCLE_VERTICES = 48
+CORNERS = ("top_left", "top_right", "bottom_right", "bottom_left")  # keypoint names, in order
+CORNER_SKELETON = [[1, 2], [2, 3], [3, 4], [4, 1]]  # COCO skeletons count keypoints from 1
 
 
 def make_synthetic_dataset(root: str | os.PathLike, num_train: int = 48, num_valid: int = 16, num_test: int = 0,
                            image_size: tuple[int, int] = (320, 240),
                            classes: Sequence[str] = ("circle", "square", "triangle"),
-                           min_objects: int = 1, max_objects: int = 6, seed: int = 0) -> Path:
+                           min_objects: int = 1, max_objects: int = 6, seed: int = 0,
+                           keypoints: bool = False) -> Path:
     """Write `root/{train,valid[,test]}` (JPEGs + _annotations.coco.json); image_size is (W, H).
-    Class i has its own hue and shape; the same arguments always write the same files."""
+    Class i has its own hue and shape; the same arguments always write the same files. With
+    `keypoints`, every shape has the four CORNERS of its box as visible COCO keypoints."""
     width, height = image_size
     counts = {"train": num_train, "valid": num_valid, "test": num_test}
     if not classes or min(width, height) < 32 or not 1 <= min_objects <= max_objects or min(counts.values()) < 0:
@@ -41,12 +47,13 @@ def make_synthetic_dataset(root: str | os.PathLike, num_train: int = 48, num_val
         if split == "test" and count == 0:
             continue
         rng = np.random.default_rng([seed, offset])
-        _write_split(root / split, count, (width, height), list(classes), (min_objects, max_objects), rng)
+        _write_split(root / split, count, (width, height), list(classes), (min_objects, max_objects), rng,
+                     keypoints)
     return root
 
 
 def _write_split(folder: Path, count: int, size: tuple[int, int], classes: list[str],
-                 objects: tuple[int, int], rng: np.random.Generator) -> None:
+                 objects: tuple[int, int], rng: np.random.Generator, keypoints: bool) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     images, annotations = [], []
     for image_id in range(count):
@@ -58,11 +65,23 @@ def _write_split(folder: Path, count: int, size: tuple[int, int], classes: list[
             annotations.append({"id": len(annotations), "image_id": image_id, "category_id": label + 1,
                                 "bbox": [x0, y0, x1 - x0, y1 - y0], "area": area, "iscrowd": 0,
                                 "segmentation": [polygon]})
+            if keypoints:
+                annotations[-1].update(keypoints=corner_keypoints((x0, y0, x1, y1)), num_keypoints=len(CORNERS))
     categories = [{"id": 0, "name": PARENT, "supercategory": "none"}]
     categories += [{"id": i + 1, "name": name, "supercategory": PARENT} for i, name in enumerate(classes)]
+    for category in categories[1:] if keypoints else []:
+        category.update(keypoints=list(CORNERS), skeleton=CORNER_SKELETON)
     data = {"info": {"description": "detrkit synthetic shapes"}, "images": images,
             "annotations": annotations, "categories": categories}
     (folder / ROBOFLOW_ANNOTATIONS).write_text(json.dumps(data, indent=1))
+
+
+def corner_keypoints(box: tuple[int, int, int, int]) -> list[int]:
+    """COCO keypoints [x, y, v] * 4 of the corner pixels of a box (x0, y0, x1, y1), exclusive
+    ends, in CORNERS order, all visible; pixel i is centred on i (so the right column is x1 - 1)."""
+    x0, y0, x1, y1 = box
+    points = ((x0, y0), (x1 - 1, y0), (x1 - 1, y1 - 1), (x0, y1 - 1))
+    return [value for x, y in points for value in (x, y, 2)]
 
 
 def class_colour(label: int, num_classes: int, rng: np.random.Generator | None = None) -> tuple[int, int, int]:

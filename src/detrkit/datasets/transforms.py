@@ -14,6 +14,8 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from detrkit.datasets.images import IMAGENET_MEAN, IMAGENET_STD
+from detrkit.datasets.keypoint_schema import KeypointFlip
+from detrkit.datasets.keypoints import MirrorFlip, mark_sample
 from detrkit.structures import Batch
 
 CROP_SHORT_SIDES = (400, 500, 600)  # branch B resizes the shortest side to one of these first
@@ -24,7 +26,8 @@ SCALE_OFFSETS = {True: range(-5, 6), False: range(-3, 5)}  # by expanded_scales
 
 class RandomSquareCrop(v2.Transform):
     """Crop a square at a uniform position; side uniform in [min(low, m), m], m = min(high, H, W).
-    Boxes are translated and clamped; the dataset drops the ones left empty."""
+    Boxes are translated and clamped; the dataset drops the ones left empty. Keypoints are
+    translated; `mark_sample` after it zeroes those left outside."""
 
     def __init__(self, low: int = CROP_SIDE_RANGE[0], high: int = CROP_SIDE_RANGE[1]) -> None:
         super().__init__()
@@ -43,12 +46,13 @@ class RandomSquareCrop(v2.Transform):
 
 
 def build_train_transform(scales: Sequence[int], square: bool = True, scale_jitter: bool = True,
-                          flip_p: float = 0.5) -> v2.Compose:
+                          flip_p: float = 0.5, keypoint_flip: KeypointFlip | None = None) -> v2.Compose:
     """Resize to a random scale (branch A), or with `scale_jitter` a fair coin's choice between A
     and B = shortest side to 400/500/600, random square crop, resize; then flip and normalise.
-    `square` resizes to (s, s); otherwise the shortest side becomes s (long side <= 1333)."""
+    `square` resizes to (s, s); otherwise the shortest side becomes s (long side <= 1333). The
+    flip swaps keypoint slots by `keypoint_flip` (needed when the data has keypoints)."""
     resize = build_train_resize(scales, square, scale_jitter)
-    return v2.Compose([resize, v2.RandomHorizontalFlip(flip_p), *_normalise()])
+    return v2.Compose([resize, MirrorFlip(flip_p, keypoint_flip), *_normalise()])
 
 
 def build_train_resize(scales: Sequence[int], square: bool = True, scale_jitter: bool = True) -> v2.Transform:
@@ -57,7 +61,7 @@ def build_train_resize(scales: Sequence[int], square: bool = True, scale_jitter:
     resize = _resize_to_scale(scales, square)
     if scale_jitter:
         crop = v2.Compose([v2.RandomShortestSize(list(CROP_SHORT_SIDES), antialias=True),
-                           RandomSquareCrop(), _resize_to_scale(scales, square)])
+                           RandomSquareCrop(), mark_sample, _resize_to_scale(scales, square)])
         resize = v2.RandomChoice([resize, crop])
     return resize
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,20 @@ import numpy as np
 import yaml
 
 from detrkit.datasets import segments
-from detrkit.datasets.detection import DetectionDataset, ImageRecord, SampleTransform, header_size
+from detrkit.datasets.detection import (
+    DetectionDataset,
+    ImageRecord,
+    SampleTransform,
+    header_size,
+)
+from detrkit.datasets.keypoint_schema import KeypointSchema
+from detrkit.datasets.yolo_pose import (
+    PoseFormat,
+    fit_width,
+    pose_row,
+    pose_schema,
+    read_pose_format,
+)
 
 YAML_FILES = ("data.yaml", "data.yml")
 IMAGE_EXTENSIONS = frozenset({".bmp", ".dng", ".jpg", ".jpeg", ".mpo", ".png", ".tif", ".tiff", ".webp"})
@@ -31,45 +45,52 @@ CONVENTIONS = {"train": ("train/images", "images/train"),
 
 @dataclass
 class YoloConfig:
-    """What a data.yaml says: its class names, the folder relative entries start from, and the
-    entries (folders or list files) declared for each split that declares any."""
+    """What a data.yaml says: its class names, the folder relative entries start from, the
+    entries (folders or list files) declared for each split that declares any, and the keypoint
+    format of a pose data set (None for others)."""
 
     file: Path
     names: list[str]
     base: Path
     entries: dict[str, list[str]]
+    pose: PoseFormat | None = None
 
 
 @dataclass
 class LabelRows:
     """The kept rows of one label file: boxes (N, 4) xyxy normalised and clamped, labels (N,),
     polygons (N of (n, 2) normalised x, y; a box line's four corners) and their line numbers;
-    `dropped` counts the degenerate boxes left out."""
+    `dropped` counts the degenerate boxes left out. Pose lines add keypoints (N of (K, 3))."""
 
     boxes: np.ndarray
     labels: np.ndarray
     polygons: list[np.ndarray]
     lines: list[int]
     dropped: int
+    keypoints: list[np.ndarray] | None = None
 
 
 class YoloDetection(DetectionDataset):
     """The given images with their YOLO label files; an image without a label file is background.
     Image ids count the images in the order given. With `masks`, each row's mask is its polygon
-    filled (a box line's, its box), checked against the image size and kept as compressed RLE."""
+    filled (a box line's, its box), checked against the image size and kept as compressed RLE.
+    A pose data set (`pose`) has pose lines; with a `keypoint_schema` their keypoints are kept."""
 
     def __init__(self, images: list[Path], class_names: list[str], transform: SampleTransform,
-                 masks: bool = False) -> None:
+                 masks: bool = False, pose: PoseFormat | None = None,
+                 keypoint_schema: KeypointSchema | None = None) -> None:
         records, degenerate, labelled, empty, total = [], {}, 0, 0, 0
         for image_id, image in enumerate(images):
             label_file = label_path(image)
             labelled += label_file.is_file()
             size = header_size(image) if masks and label_file.is_file() else None
-            rows = read_label_file(label_file, len(class_names), size)
+            rows = read_label_file(label_file, len(class_names), size, pose)
             if rows.dropped:
                 degenerate[label_file] = rows.dropped
             record = ImageRecord(path=image, image_id=image_id, boxes=rows.boxes, labels=rows.labels,
                                  iscrowd=np.zeros(len(rows.labels), dtype=bool), size=size)
+            if keypoint_schema is not None:
+                record.keypoints = fit_width(rows.keypoints or [], keypoint_schema.width)
             if masks:
                 record.mask_rles = _mask_rles(rows, label_file, size)
                 empty += int((segments.mask_areas(record.mask_rles, size) == 0).sum()) if size else 0
@@ -78,7 +99,7 @@ class YoloDetection(DetectionDataset):
         _warn_labels(images, degenerate, labelled)
         if masks:
             segments.warn_empty(empty, total, f"the label files of {len(images)} images")
-        super().__init__(records, class_names, transform)
+        super().__init__(records, class_names, transform, keypoint_schema=keypoint_schema)
 
 
 def _mask_rles(rows: LabelRows, label_file: Path, size: tuple[int, int] | None) -> list[bytes]:
@@ -130,7 +151,8 @@ def read_yolo_config(path: Path) -> YoloConfig:
         key = next((key for key in keys if data.get(key) is not None), None)
         if key is not None:
             entries[split] = _split_entries(data[key], key, path)
-    return YoloConfig(path, names, _base_folder(data.get("path"), path), entries)
+    return YoloConfig(path, names, _base_folder(data.get("path"), path), entries,
+                      read_pose_format(data, path, len(names)))
 
 
 def _class_names(names: object, path: Path) -> list[str]:
@@ -243,10 +265,13 @@ def _listed_images(list_file: Path, base: Path, where: str) -> list[Path]:
     return images
 
 
-def read_label_file(path: Path, num_classes: int, size: tuple[int, int] | None = None) -> LabelRows:
-    """The rows of lines `cls cx cy w h` or `cls x1 y1 ... xn yn` (box = polygon bounds). Given the
-    image size (H, W), a polygon more than a pixel outside the image is an error."""
+def read_label_file(path: Path, num_classes: int, size: tuple[int, int] | None = None,
+                    pose: PoseFormat | None = None) -> LabelRows:
+    """The rows of lines `cls cx cy w h` or `cls x1 y1 ... xn yn` (box = polygon bounds), or of
+    pose lines when `pose` is given. Given the image size (H, W), a polygon more than a pixel
+    outside the image is an error."""
     boxes, labels, polygons, numbers, degenerate = [], [], [], [], 0
+    keypoints = [] if pose is not None else None
     try:
         lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
     except UnicodeDecodeError as error:
@@ -254,7 +279,7 @@ def read_label_file(path: Path, num_classes: int, size: tuple[int, int] | None =
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        label, box, points = _parse_line(line, path, number, num_classes)
+        label, box, points, row_keypoints = _parse_line(line, path, number, num_classes, pose)
         if size is not None:
             _check_inside(points, size, path, number)
         box = np.clip(box, 0.0, 1.0)
@@ -265,8 +290,10 @@ def read_label_file(path: Path, num_classes: int, size: tuple[int, int] | None =
         labels.append(label)
         polygons.append(points)
         numbers.append(number)
+        if keypoints is not None:
+            keypoints.append(row_keypoints)
     return LabelRows(np.array(boxes, dtype=np.float32).reshape(-1, 4), np.array(labels, dtype=np.int64),
-                     polygons, numbers, degenerate)
+                     polygons, numbers, degenerate, keypoints)
 
 
 def _check_inside(points: np.ndarray, size: tuple[int, int], path: Path, number: int) -> None:
@@ -279,8 +306,10 @@ def _check_inside(points: np.ndarray, size: tuple[int, int], path: Path, number:
                          f"than {segments.BORDER_SLACK:g} pixel")
 
 
-def _parse_line(line: str, path: Path, number: int, num_classes: int) -> tuple[int, np.ndarray, np.ndarray]:
-    """(class, box xyxy, (n, 2) vertices), all normalised; a box line's vertices are its corners."""
+def _parse_line(line: str, path: Path, number: int, num_classes: int,
+                pose: PoseFormat | None) -> tuple[int, np.ndarray, np.ndarray, np.ndarray | None]:
+    """(class, box xyxy, (n, 2) vertices, (K, 3) keypoints of a pose line or None), all normalised;
+    a box or pose line's vertices are its box's corners."""
     fields = line.split()
     try:
         values = [float(field) for field in fields]
@@ -288,35 +317,50 @@ def _parse_line(line: str, path: Path, number: int, num_classes: int) -> tuple[i
         raise ValueError(f"{path} line {number}: {error} in {line!r}") from error
     if not np.isfinite(values).all():
         raise ValueError(f"{path} line {number}: non-finite value in {line!r}")
-    if len(values) != 5 and (len(values) < 7 or len(values) % 2 == 0):
+    if pose is None and len(values) != 5 and (len(values) < 7 or len(values) % 2 == 0):
         raise ValueError(f"{path} line {number}: expected 'cls cx cy w h' or 'cls x1 y1 ... xn yn' "
                          f"(n >= 3), got {len(values)} values")
     label = values[0]
     if label != int(label) or not 0 <= label < num_classes:
         raise ValueError(f"{path} line {number}: class {fields[0]} is not one of the "
                          f"{num_classes} class indices 0..{num_classes - 1}")
-    if len(values) == 5:
+    keypoints = None
+    if pose is not None:
+        box, keypoints = pose_row(values, pose, path, number)
+    elif len(values) == 5:
         cx, cy, w, h = values[1:]
-        x0, y0, x1, y1 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
-        return int(label), np.array([x0, y0, x1, y1]), np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]])
-    points = np.array(values[1:]).reshape(-1, 2)
-    return int(label), np.concatenate([points.min(axis=0), points.max(axis=0)]), points
+        box = np.array([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2])
+    else:
+        points = np.array(values[1:]).reshape(-1, 2)
+        return int(label), np.concatenate([points.min(axis=0), points.max(axis=0)]), points, None
+    x0, y0, x1, y1 = box
+    return int(label), box, np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]]), keypoints
 
 
 def yolo_splits(root: Path, train_transform: SampleTransform, eval_transform: SampleTransform,
-                masks: bool = False) -> tuple[YoloDetection, YoloDetection, YoloDetection | None]:
+                masks: bool = False, keypoints: Sequence[int] | None = None,
+                ) -> tuple[YoloDetection, YoloDetection, YoloDetection | None]:
     """train and valid are required, test is optional. Every split's images are found (and
-    every declared entry checked) before any label file is read."""
+    every declared entry checked) before any label file is read. `keypoints` (the model's
+    num_keypoints_per_class; empty: as data.yaml says) reads a pose data set's keypoints."""
     yaml_file = find_yaml(root)
     if yaml_file is None:
         raise FileNotFoundError(f"no {' or '.join(YAML_FILES)} in YOLO data set {root}")
     config = read_yolo_config(yaml_file)
+    schema = None
+    if keypoints is not None:
+        if config.pose is None:
+            raise ValueError(f"{yaml_file} has no kpt_shape, so it is not a YOLO pose data set, but keypoints "
+                             f"were asked for (a keypoint model)")
+        schema = pose_schema(config.pose, len(config.names), keypoints, yaml_file)
     images = {split: _required_split(config, split) for split in ("train", "valid")}
     images["test"] = _optional_split(config)
-    train = YoloDetection(images["train"], config.names, train_transform, masks)
-    valid = YoloDetection(images["valid"], config.names, eval_transform, masks)
-    test = YoloDetection(images["test"], config.names, eval_transform, masks) if images["test"] else None
-    return train, valid, test
+
+    def split(name: str, transform: SampleTransform) -> YoloDetection:
+        return YoloDetection(images[name], config.names, transform, masks, config.pose, schema)
+
+    return split("train", train_transform), split("valid", eval_transform), \
+        split("test", eval_transform) if images["test"] else None
 
 
 def _required_split(config: YoloConfig, split: str) -> list[Path]:

@@ -47,7 +47,7 @@ class RFDETRDataModule(pl.LightningDataModule):
         self._collate = functools.partial(collate, block=model_config.block_size)
         self.sample_seed = train_config.seed if train_config.seed is not None else secrets.randbelow(2**31)
         # the Kornia backend augments and normalises training batches on their device; others: None
-        self.batch_augment = build_augmentation(train_config).batch_augment()
+        self.batch_augment = build_augmentation(train_config, self.splits.keypoint_flip).batch_augment()
 
     @property
     def class_names(self) -> list[str]:
