@@ -239,7 +239,7 @@ def test_vernier_rejects_mask_only_evaluation_at_construction():
     OnePassCocoMeanAveragePrecision(backend="vernier", iou_type=("bbox", "segm"))
 
 
-@pytest.mark.parametrize("kwargs", [{"backend": "pycocotools"}, {"iou_type": "keypoints"},
+@pytest.mark.parametrize("kwargs", [{"backend": "pycocotools"}, {"iou_type": ("segm", "keypoints")},
                                     {"max_detection_thresholds": [1, 10]}, {"extended_summary": True},
                                     {"box_format": "yxyx"}, {"iou_thresholds": [1.5]}, {"average": "micro"},
                                     {"sync_on_compute": True}, {"dist_sync_on_step": True}, {"num_classes": 0}])

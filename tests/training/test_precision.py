@@ -75,6 +75,8 @@ def test_fused_adamw_only_on_cuda_without_a_scaler():
     assert not resolve_precision("fp16", H200).fused_adamw()
     assert not resolve_precision("fp32", H200).fused_adamw()
     assert not fused_adamw_applies(True, "cpu", "bf16-mixed")
+    assert fused_adamw_applies(True, "cpu", "32-true") and not fused_adamw_applies(False, "cpu", "32-true")
+    assert not fused_adamw_applies(True, "mps", "32-true")
     assert fused_adamw_applies(True, "cuda", "bf16-true")
 
 

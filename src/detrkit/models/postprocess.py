@@ -1,12 +1,14 @@
-"""Turn raw detector outputs into scored, labelled boxes in image pixels."""
+"""Turn raw detector outputs into scored, labelled boxes (and their masks or keypoints) in image pixels."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
+from detrkit.models.heads.keypoint import active_keypoint_mask
 from detrkit.ops.boxes import cxcywh_to_xyxy
 
 
@@ -72,3 +74,76 @@ def detections_above(result: dict[str, torch.Tensor], threshold: float,
     if "masks" in kept:
         kept["masks"] = masks_at_size(kept["masks"], tuple(kept["masks"].shape[-2:]), image_size)
     return kept
+
+
+def top_keypoint_detections(logits: torch.Tensor, boxes: torch.Tensor, keypoints: torch.Tensor,
+                            image_sizes: torch.Tensor, num_select: int, num_keypoints_per_class: Sequence[int],
+                            trace_alpha: float) -> list[dict[str, torch.Tensor]]:
+    """`top_detections` of a keypoint model, each with its keypoints (spec 10.1 step 4).
+
+    keypoints (B, Q, classes * max keypoints, 8) as the keypoint head lays them out. Adds per
+    image "keypoints" and "keypoint_precision_cholesky" (K, max keypoints, 3), and replaces
+    "scores" by the fused ones (see keypoint_outputs); the order stays the selection's.
+    """
+    # top_detections gathers any per-query (B, Q, a, b) tensor handed to it as masks
+    results = top_detections(logits, boxes, image_sizes, num_select, masks=keypoints)
+    if not results:
+        return results
+    picked = torch.stack([result.pop("masks") for result in results])  # (B, K, slots, 8)
+    labels = torch.stack([result["labels"] for result in results])
+    scores = torch.stack([result["scores"] for result in results])
+    scores, points, precision = keypoint_outputs(picked, labels, scores, image_sizes, num_keypoints_per_class,
+                                                 trace_alpha)
+    for result, *image in zip(results, scores, points, precision):
+        result["scores"], result["keypoints"], result["keypoint_precision_cholesky"] = image
+    return results
+
+
+def keypoint_outputs(keypoints: torch.Tensor, labels: torch.Tensor, scores: torch.Tensor, image_sizes: torch.Tensor,
+                     num_keypoints_per_class: Sequence[int],
+                     trace_alpha: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keypoints and fused scores of selected detections, without host syncs.
+
+    keypoints (B, K, classes * W, 8) the detections' slots (W = most keypoints of a class),
+    labels and scores (B, K), image_sizes (B, 2) as (H, W). A detection of a keypoint class
+    (label < classes) takes its class's slots; its active keypoints give (x * W, y * H,
+    σ(findable)) and raw (log l11, l21, log l22), the rest zeros and NaNs. With trace_alpha > 0
+    its score becomes σ(log score − α · log mean trace), capped just below 1, the trace weighted
+    by σ(findable) over its active keypoints (0 for a class without any). Returns scores (B, K),
+    keypoints (B, K, W, 3) and precision Cholesky parameters (B, K, W, 3).
+    """
+    classes, width = len(num_keypoints_per_class), max(num_keypoints_per_class, default=0)
+    if classes == 0 or width == 0:
+        return scores, keypoints.new_zeros((*labels.shape, 0, 3)), keypoints.new_zeros((*labels.shape, 0, 3))
+    own = labels.clamp(max=classes - 1)
+    slots = keypoints.unflatten(-2, (classes, width))  # (B, K, classes, W, 8)
+    picked = slots.gather(2, own[..., None, None, None].expand(-1, -1, 1, width, slots.shape[-1]))[:, :, 0]
+    is_keypoint_class = labels < classes  # (B, K)
+    active = active_keypoint_mask(num_keypoints_per_class).to(labels.device)[own] & is_keypoint_class[..., None]
+    height, image_width = image_sizes.to(keypoints.dtype).unbind(-1)
+    scale = torch.stack((image_width, height), -1)[:, None, None]  # (B, 1, 1, 2)
+    points = torch.cat((picked[..., :2] * scale, picked[..., 2:3].sigmoid()), -1)
+    points = torch.where(active[..., None], points, 0.0)
+    precision = torch.where(active[..., None], picked[..., 4:7], float("nan"))
+    if trace_alpha > 0:
+        fused = torch.sigmoid(scores.log() - trace_alpha * _log_mean_trace(picked, active))
+        below_one = torch.nextafter(torch.ones_like(fused), torch.zeros_like(fused))
+        scores = torch.where(is_keypoint_class, torch.minimum(fused, below_one), scores)
+    return scores, points, precision
+
+
+def _log_mean_trace(keypoints: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """(B, K) log of the σ(findable)-weighted mean, over active keypoints, of the location
+    covariance's trace; 0 where none is active. keypoints (B, K, W, 8), active (B, K, W).
+
+    The precision is L Lᵀ with L = [[l11, 0], [l21, l22]], so the covariance's trace is
+    1/l11² + 1/l22² + l21²/(l11² l22²); summed in log space, which stays finite for very sharp
+    or very loose predictions. |l21| and the weights are floored at 1e-12 before their logs.
+    """
+    log_l11, l21, log_l22 = keypoints[..., 4], keypoints[..., 5], keypoints[..., 6]
+    terms = (-2 * log_l11, -2 * log_l22, 2 * l21.abs().clamp(min=1e-12).log() - 2 * log_l11 - 2 * log_l22)
+    log_trace = torch.stack(terms, -1).logsumexp(-1)  # (B, K, W)
+    log_weight = keypoints[..., 2].sigmoid().clamp(min=1e-12).log()
+    log_weight = torch.where(active, log_weight, float("-inf"))
+    mean = (log_trace + log_weight).logsumexp(-1) - log_weight.logsumexp(-1)
+    return torch.where(active.any(-1), mean, 0.0)

@@ -111,9 +111,12 @@ def _epoch_end_loop_state(trainer: pl.Trainer) -> dict[str, Any]:
     return state
 
 
-def metric_key(best_model_metric: str, segmentation: bool = False) -> str:
-    """Name (without stage prefix) of the validation metric that ranks weights: segmentation
-    runs rank by mask mAP (spec 14), and by the box mAR for "mar"."""
+def metric_key(best_model_metric: str, segmentation: bool = False, keypoints: bool = False) -> str:
+    """Name (without stage prefix) of the validation metric that ranks weights (spec 14):
+    segmentation runs rank by mask mAP, and by the box mAR for "mar"; keypoint runs by OKS
+    keypoint AP, and by keypoint AR for "mar"."""
+    if keypoints:
+        return {"map": "keypoint_map_50_95", "mar": "keypoint_mAR"}[best_model_metric]
     if segmentation and best_model_metric == "map":
         return "segm_mAP_50_95"
     return {"map": "mAP_50_95", "mar": "mAR"}[best_model_metric]

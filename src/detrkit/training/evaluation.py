@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -16,6 +18,9 @@ from detrkit.training.confidence_sweep import sweep_confidence
 # torchmetrics keys of COCOeval's twelve summary numbers, in its order, less mar_<max dets> (the 9th)
 _COCO_STATS = ("map", "map_50", "map_75", "map_small", "map_medium", "map_large", "mar_1", "mar_10",
                "mar_small", "mar_medium", "mar_large")
+# logged keypoint name -> the metric's OKS key (COCO keypoint AP and AR at 20 detections per image)
+KEYPOINT_METRICS = {"keypoint_map_50_95": "keypoints_map", "keypoint_map_50": "keypoints_map_50",
+                    "keypoint_map_75": "keypoints_map_75", "keypoint_mAR": "keypoints_mar_20"}
 
 
 class DetectionEvaluator:
@@ -26,11 +31,20 @@ class DetectionEvaluator:
     COCO AP of each class that has ground truth (crowd regions aside). Classes seen only among
     the detections have no AP (the metric's -1) and are left out, so the keys depend only on
     the ground truth and stay the same from epoch to epoch.
+
+    `masks` adds mask AP (`segm_*`) from detections' and ground truth's "masks" (see with_masks);
+    `keypoints` adds OKS keypoint AP and AR (KEYPOINT_METRICS' names, each left out while it is
+    -1, i.e. no keypoint ground truth) from their "keypoints" (see with_keypoints), scored with
+    `keypoint_sigmas` (default: COCO person's for 17 keypoints, else 0.05 each).
     """
 
     def __init__(self, max_dets: int, backend: str = "vernier", class_names: list[str] | None = None,
-                 masks: bool = False) -> None:
-        self.max_dets, self.backend, self.masks = max_dets, backend, masks
+                 masks: bool = False, keypoints: bool = False,
+                 keypoint_sigmas: Sequence[float] | None = None) -> None:
+        if masks and keypoints:
+            raise ValueError("an evaluation scores masks or keypoints, not both")
+        self.max_dets, self.backend, self.masks, self.keypoints = max_dets, backend, masks, keypoints
+        self.keypoint_sigmas = None if keypoint_sigmas is None else list(keypoint_sigmas)
         self.class_names = None if class_names is None else list(class_names)
         self._detections: list[dict[str, torch.Tensor]] = []
         self._truth: list[dict[str, torch.Tensor]] = []
@@ -61,16 +75,19 @@ class DetectionEvaluator:
     def compute(self) -> dict[str, float]:
         detections = [{k: v.cpu() for k, v in d.items()} for d in self._detections]
         truth = [{k: v.cpu() for k, v in t.items()} for t in self._truth]
-        metric = OnePassCocoMeanAveragePrecision(iou_type=("bbox", "segm") if self.masks else "bbox",
-                                                 backend=self.backend, max_detection_thresholds=[1, 10, self.max_dets],
+        iou_type = ("bbox", "segm") if self.masks else ("bbox", "keypoints") if self.keypoints else "bbox"
+        metric = OnePassCocoMeanAveragePrecision(iou_type=iou_type, backend=self.backend,
+                                                 max_detection_thresholds=[1, 10, self.max_dets],
                                                  class_metrics=self.class_names is not None,
+                                                 oks_sigmas=self.keypoint_sigmas,
                                                  sync_on_compute=False)  # gather() did that
         metric.update(detections, truth)
         result = metric.compute()
-        box = {key.removeprefix("bbox_"): value for key, value in result.items() if not key.startswith("segm_")}
+        box = {key.removeprefix("bbox_"): value for key, value in result.items()
+               if not key.startswith(("segm_", "keypoints_"))}
         self.coco_stats = [float(box[key]) for key in _COCO_STATS[:8]] + [
             float(box[f"mar_{self.max_dets}"])] + [float(box[key]) for key in _COCO_STATS[8:]]
-        sweep = sweep_confidence([{k: v for k, v in d.items() if k != "masks"} for d in detections], truth)
+        sweep = sweep_confidence([{k: d[k] for k in ("boxes", "scores", "labels")} for d in detections], truth)
         values = {"mAP_50_95": float(box["map"]), "mAP_50": float(box["map_50"]),
                   "mAP_75": float(box["map_75"]), "mAR": float(box[f"mar_{self.max_dets}"]),
                   "precision": sweep.best_precision, "recall": sweep.best_recall, "F1": sweep.best_f1}
@@ -78,6 +95,8 @@ class DetectionEvaluator:
             values |= {"segm_mAP_50_95": float(result["segm_map"]), "segm_mAP_50": float(result["segm_map_50"]),
                        "segm_mAP_75": float(result["segm_map_75"]),
                        "segm_mAR": float(result[f"segm_mar_{self.max_dets}"])}
+        if self.keypoints:  # as rfdetr logs them: an unavailable (-1) value is not logged
+            values |= {name: float(result[key]) for name, key in KEYPOINT_METRICS.items() if result[key] >= 0}
         if self.class_names is not None:
             values |= self._per_class(box["classes"].tolist(), box["map_per_class"].reshape(-1).tolist())
         return values
@@ -109,6 +128,17 @@ def with_masks(detections: list[dict[str, torch.Tensor]], truth: list[dict[str, 
         objects = F.interpolate(target.masks[None].float(), size=size, mode="nearest")[0] > 0  # (N, H, W)
         crowds = _filled_boxes(image_truth["boxes"][len(objects):], target.orig_size, size)
         image_truth["masks"] = EncodedMasks.encode(torch.cat([objects, crowds]))
+
+
+def with_keypoints(truth: list[dict[str, torch.Tensor]], targets: list[Target]) -> None:
+    """Give each image's ground truth (as _pixel_boxes builds it: objects, then crowd regions)
+    its "keypoints" (N + M, K, 3): x, y in source-image pixels and the visibility 0..2, and
+    none labelled (zeros) on crowd regions, which COCOeval then ignores."""
+    for image_truth, target in zip(truth, targets):
+        height, width = target.orig_size
+        keypoints = target.keypoints * target.keypoints.new_tensor([width, height, 1.0])  # (N, K, 3)
+        crowds = len(image_truth["labels"]) - len(keypoints)
+        image_truth["keypoints"] = torch.cat([keypoints, keypoints.new_zeros((crowds, *keypoints.shape[1:]))])
 
 
 def _filled_boxes(boxes: torch.Tensor, box_frame: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:

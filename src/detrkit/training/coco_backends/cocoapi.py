@@ -2,7 +2,8 @@
 
 The ground truth is one COCO dataset dict, the detections go through loadRes exactly as a
 results file would (box rows for bbox, so area = w * h; masks alone for segm, so area is the
-mask's), and Params get the metric's grid and category ids before evaluate() and accumulate().
+mask's; keypoints alone, so area is their extent's), and Params get the metric's grid, category
+ids and keypoint sigmas before evaluate() and accumulate().
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class PackageCocoBackend(CocoBackend):
     def _detections(self, gt: Any, inputs: CocoInputs) -> Any:
         if inputs.iou_type == "bbox":
             return gt.loadRes(inputs.detection_matrix())
+        if inputs.iou_type == "keypoints":
+            return gt.loadRes(inputs.keypoint_results())
         _, _, mask = self._package()
         rles = compressed_rles(mask, inputs.dt_rles, inputs.dt_sizes())
         return gt.loadRes(segmentation_results(inputs, rles))
@@ -46,6 +49,8 @@ class PackageCocoBackend(CocoBackend):
         params.iouThrs = np.asarray(grid.iou_thresholds, dtype=np.float64)
         params.recThrs = np.asarray(grid.recall_thresholds, dtype=np.float64)
         params.maxDets = list(grid.max_dets)
+        if inputs.iou_type == "keypoints":
+            params.kpt_oks_sigmas = inputs.keypoint_sigmas
         evaluator.evaluate()
         evaluator.accumulate()
         result = evaluator.eval
@@ -53,7 +58,7 @@ class PackageCocoBackend(CocoBackend):
 
 
 def coco_dataset(inputs: CocoInputs, rles: list[dict] | None) -> dict:
-    """The ground truth as a COCO annotation-file dict (ids 1-based, boxes xywh)."""
+    """The ground truth as a COCO annotation-file dict (ids 1-based, boxes xywh, keypoints flat)."""
     images = [
         {"id": image_id, "height": height, "width": width}
         for image_id, (height, width) in zip(inputs.image_ids.tolist(), inputs.image_sizes.tolist())
@@ -72,6 +77,10 @@ def coco_dataset(inputs: CocoInputs, rles: list[dict] | None) -> dict:
     if rles is not None:
         for annotation, rle in zip(annotations, rles):
             annotation["segmentation"] = rle
+    if inputs.gt_keypoints is not None:
+        keypoints = inputs.gt_keypoints.reshape(len(annotations), -1).tolist()
+        for annotation, flat, count in zip(annotations, keypoints, inputs.gt_num_keypoints().tolist()):
+            annotation["keypoints"], annotation["num_keypoints"] = flat, count
     categories = [{"id": category, "name": str(category)} for category in inputs.category_ids.tolist()]
     return {"images": images, "annotations": annotations, "categories": categories}
 

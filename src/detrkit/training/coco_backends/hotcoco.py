@@ -1,4 +1,4 @@
-"""The hotcoco backend: a Rust COCOeval fed with columns instead of a dict per annotation."""
+"""The hotcoco backend: a Rust COCOeval fed with columns instead of a dict per annotation (boxes, masks)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from detrkit.training.coco_backends.base import CocoInputs
-from detrkit.training.coco_backends.cocoapi import PackageCocoBackend, compressed_rles
+from detrkit.training.coco_backends.cocoapi import PackageCocoBackend, coco_dataset, compressed_rles
 
 
 class HotcocoBackend(PackageCocoBackend):
@@ -21,6 +21,8 @@ class HotcocoBackend(PackageCocoBackend):
 
     def _ground_truth(self, inputs: CocoInputs) -> Any:
         coco, _, mask = self._package()
+        if inputs.iou_type == "keypoints":  # from_arrays has no keypoint columns
+            return coco(coco_dataset(inputs, None))
         images = [
             {"id": image_id, "height": height, "width": width}
             for image_id, (height, width) in zip(inputs.image_ids.tolist(), inputs.image_sizes.tolist())
@@ -41,6 +43,8 @@ class HotcocoBackend(PackageCocoBackend):
     def _detections(self, gt: Any, inputs: CocoInputs) -> Any:
         if inputs.iou_type == "bbox":
             return gt.load_res(inputs.detection_matrix())
+        if inputs.iou_type == "keypoints":
+            return gt.load_res(inputs.keypoint_results())
         _, _, mask = self._package()
         rles = compressed_rles(mask, inputs.dt_rles, inputs.dt_sizes())
         detections = gt.load_res(inputs.detection_matrix(), segmentation=rles)
