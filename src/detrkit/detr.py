@@ -18,8 +18,8 @@ from detrkit.datasets.images import BatchPreparer, ImageInput, to_source_image, 
 from detrkit.datasets.sources import open_source
 from detrkit.models.build import build_model
 from detrkit.models.download import resolve_weights
-from detrkit.models.postprocess import top_detections
-from detrkit.models.weights import load_weights, read_checkpoint
+from detrkit.models.postprocess import detections_above, top_detections
+from detrkit.models.weights import load_weights, read_checkpoint, reset_keypoint_precision
 
 if TYPE_CHECKING:
     import supervision as sv
@@ -47,6 +47,7 @@ class RFDETR:
         self.model_config = config
         self.model = build_model(config)
         self.class_names: list[str] | None = None
+        self._pretrained_untrained = checkpoint is not None  # published or given weights, not yet trained here
         if checkpoint is not None:
             load_weights(self.model, checkpoint)
             self.class_names = checkpoint.class_names
@@ -73,6 +74,7 @@ class RFDETR:
         at a time); `stream=True` returns a generator that reads each image only when its batch
         is due; `vid_stride=N` keeps every N-th video frame; `include_source_image` stores the
         HWC uint8 image in `detections.metadata["source_image"]`. Missing paths raise at once.
+        Segmentation models fill `detections.mask`: (N, H, W) bool in the source image's pixels.
         """
         source = open_source(images, batch=batch, vid_stride=vid_stride)
         preparer = self._preparer(shape)
@@ -92,7 +94,7 @@ class RFDETR:
             with self._inference_autocast():
                 outputs = self.model(preparer(tensors))
             results = top_detections(outputs.pred_logits.float(), outputs.pred_boxes.float(), sizes.to(self.device),
-                                     self.model_config.num_select)
+                                     self.model_config.num_select, masks=outputs.pred_masks)
         return [self._to_detections(result, threshold, tuple(size.tolist()),
                                     to_source_image(tensor) if include_source_image else None)
                 for result, size, tensor in zip(results, sizes, tensors)]
@@ -113,15 +115,16 @@ class RFDETR:
 
     def _to_detections(self, result: dict[str, torch.Tensor], threshold: float, source_shape: tuple[int, int],
                        source_image: np.ndarray | None = None) -> sv.Detections:
-        """Detections above `threshold`; the same dtypes whether empty or not."""
+        """Detections above `threshold`, with (N, H, W) bool masks at the source size for segmentation
+        models; the same dtypes whether empty or not."""
         import supervision as sv  # heavy import, deferred so that `import detrkit` stays fast
 
-        keep = result["scores"] > threshold
-        class_id = result["labels"][keep].cpu().numpy().astype(np.int64, copy=False)
+        kept = detections_above(result, threshold, source_shape)
+        class_id = kept["labels"].cpu().numpy().astype(np.int64, copy=False)
         detections = sv.Detections(
-            xyxy=result["boxes"][keep].float().cpu().numpy().reshape(-1, 4),
-            confidence=result["scores"][keep].float().cpu().numpy(),
-            class_id=class_id)
+            xyxy=kept["boxes"].float().cpu().numpy().reshape(-1, 4),
+            confidence=kept["scores"].float().cpu().numpy(),
+            class_id=class_id, mask=kept["masks"].cpu().numpy() if "masks" in kept else None)
         detections.data["class_name"] = np.array([self.class_name(int(c)) for c in class_id], dtype=object)
         detections.data["source_shape"] = np.tile(np.array(source_shape, dtype=np.int64), (len(class_id), 1))
         if source_image is not None:
@@ -168,6 +171,9 @@ class RFDETR:
         self._fit_classes(datamodule.class_names)
         resume = (open_resume_point(train_config.resume, train_config.output_dir, self.model)
                   if train_config.resume else None)
+        if self._pretrained_untrained and resume is None:  # fine-tuning starts keypoints at unit precision
+            reset_keypoint_precision(self.model)
+        self._pretrained_untrained = False
         if train_config.seed is not None:
             pl.seed_everything(train_config.seed + int(os.environ.get("RANK", 0)), workers=True, verbose=False)
         module = RFDETRModelModule(self.model_config, train_config, detector=self.model, class_names=self.class_names,

@@ -131,9 +131,9 @@ class BestModels(pl.Callback):
     """
 
     def __init__(self, output_dir: str | Path, metric: str = "map", skip_epochs: int = 0,
-                 smooth_alpha: float = 0.0, segmentation: bool = False) -> None:
+                 smooth_alpha: float = 0.0, segmentation: bool = False, keypoints: bool = False) -> None:
         self.output_dir = Path(output_dir)
-        self.key = metric_key(metric, segmentation)
+        self.key = metric_key(metric, segmentation, keypoints)
         self.skip_epochs, self.smooth_alpha = skip_epochs, smooth_alpha
         self.best: dict[str, float] = {}  # track ("regular" / "ema") -> best smoothed score
         self.smoothed: dict[str, float] = {}

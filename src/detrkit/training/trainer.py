@@ -17,7 +17,8 @@ from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 from pytorch_lightning.loggers import CSVLogger, Logger
 from pytorch_lightning.utilities import rank_zero_info
 
-from detrkit.config import ModelConfig, SegmentationTrainConfig, TrainConfig, unknown_keyword_message
+from detrkit.config import (KeypointTrainConfig, ModelConfig, SegmentationTrainConfig, TrainConfig,
+                            unknown_keyword_message)
 from detrkit.training.accel.cuda_graphs import CudaGraphStepMarker
 from detrkit.training.accel.fp8 import FP8_BACKENDS
 from detrkit.training.accel.plan import AccelerationPlan, log_plan, plan_acceleration, read_device_facts
@@ -33,6 +34,7 @@ from detrkit.training.callbacks.schedule import ValidateLastEpoch
 from detrkit.training.callbacks.summary import EpochSummary
 from detrkit.training.checkpoints import AtomicCheckpointIO, BestModels, FileCheckpoint, metric_key
 from detrkit.training.ema import EMACallback
+from detrkit.training.manual_step import require_data_parallel, trains_manually
 from detrkit.training.run_record import TrainingConfigRecord
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,9 @@ def build_trainer(train_config: TrainConfig, plan: AccelerationPlan | None = Non
     `plan_run`) carries the precision, FP8 and CUDA-graph decisions that need the model config;
     without one the precision is resolved from amp_dtype alone (FP8 needs a plan)."""
     output = Path(train_config.output_dir)
+    manual = trains_manually(train_config)  # keypoint models clip and accumulate themselves (manual_step.py)
+    if manual:
+        require_data_parallel(trainer_kwargs.get("strategy", train_config.strategy))
     topology, accelerators = _placement(train_config)
     callbacks = [RetainHeap(), TensorFloat32(), ValidateLastEpoch(), EpochSummary(), *run_callbacks(train_config),
                  *trainer_kwargs.pop("callbacks", [])]
@@ -60,8 +65,9 @@ def build_trainer(train_config: TrainConfig, plan: AccelerationPlan | None = Non
         default_root_dir=str(output), max_epochs=train_config.epochs, accelerator=_accelerator(train_config),
         **topology, strategy=train_config.strategy,
         **_precision(train_config, accelerators, plan, trainer_kwargs.get("precision")),
-        gradient_clip_val=train_config.clip_max_norm or None,
-        gradient_clip_algorithm="norm", accumulate_grad_batches=train_config.grad_accum_steps,
+        gradient_clip_val=None if manual else train_config.clip_max_norm or None,
+        gradient_clip_algorithm=None if manual else "norm",
+        accumulate_grad_batches=1 if manual else train_config.grad_accum_steps,
         sync_batchnorm=train_config.sync_bn,
         check_val_every_n_epoch=train_config.eval_interval, num_sanity_val_steps=train_config.num_sanity_val_steps,
         enable_checkpointing=True, enable_progress_bar=train_config.progress_bar is not None,
@@ -110,9 +116,11 @@ def run_callbacks(train_config: TrainConfig) -> list[pl.Callback]:
     callbacks: list[pl.Callback] = [TrainingConfigRecord()]
     if train_config.use_ema:
         callbacks.append(EMACallback(train_config.ema_decay, train_config.ema_tau, train_config.ema_update_interval))
-    segmentation = isinstance(train_config, SegmentationTrainConfig)  # mask models train with it
+    # mask and keypoint models train with their own configs, and are ranked by their task's metric
+    segmentation = isinstance(train_config, SegmentationTrainConfig)
+    keypoints = isinstance(train_config, KeypointTrainConfig)
     callbacks.append(BestModels(output, train_config.best_model_metric, train_config.skip_best_epochs,
-                                train_config.smooth_alpha, segmentation))
+                                train_config.smooth_alpha, segmentation, keypoints))
     callbacks.append(FileCheckpoint(dirpath=output, filename="last", save_top_k=1, every_n_epochs=1,
                                      enable_version_counter=False, save_on_train_epoch_end=True))
     callbacks.append(FileCheckpoint(dirpath=output, filename="checkpoint_{epoch}", auto_insert_metric_name=False,
@@ -120,7 +128,7 @@ def run_callbacks(train_config: TrainConfig) -> list[pl.Callback]:
                                      save_on_train_epoch_end=True))
     if train_config.early_stopping:
         callbacks.append(MetricEarlyStopping(
-            metric_key(train_config.best_model_metric, segmentation), patience=train_config.early_stopping_patience,
+            metric_key(train_config.best_model_metric, segmentation, keypoints), patience=train_config.early_stopping_patience,
             min_delta=train_config.early_stopping_min_delta, use_ema=train_config.early_stopping_use_ema,
             skip_epochs=train_config.skip_best_epochs))
     return callbacks

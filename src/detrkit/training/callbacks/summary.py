@@ -8,7 +8,8 @@ import pytorch_lightning as pl
 from pytorch_lightning.utilities import rank_zero_info
 
 _SHOWN = (("train/loss", "loss"), ("val/mAP_50_95", "mAP50-95"), ("val/mAP_50", "mAP50"),
-          ("val/segm_mAP_50_95", "mask mAP50-95"), ("val/segm_mAP_50", "mask mAP50"), ("val/mAR", "mAR"),
+          ("val/segm_mAP_50_95", "mask mAP50-95"), ("val/segm_mAP_50", "mask mAP50"),
+          ("val/keypoint_map_50_95", "keypoint mAP50-95"), ("val/mAR", "mAR"),
           ("val/F1", "F1"))
 
 
