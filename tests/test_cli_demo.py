@@ -18,7 +18,38 @@ def test_demo_trains_reports_and_draws(tmp_path, monkeypatch, tiny_kwargs, capsy
     assert len(result["map_by_epoch"]) == 2
     assert result["picture"].is_file() and result["picture"].stat().st_size > 1000
     out = capsys.readouterr().out
-    assert "validation mAP@50:95 by epoch" in out and str(result["picture"]) in out
+    assert "validation box mAP@50:95 by epoch" in out and str(result["picture"]) in out
+    assert "mask mAP" not in out and "mask_map_by_epoch" not in result
+
+
+def test_segment_demo_command_reports_mask_metrics_and_draws_masks(tmp_path, monkeypatch, tiny_kwargs, capsys):
+    tiny = {k: v for k, v in tiny_kwargs.items() if k not in ("device", "num_classes")}
+    monkeypatch.setattr(demo, "DEMO_SEG_MODEL", {**tiny, "patch_size": 16, "num_windows": 2})
+    monkeypatch.setattr(demo, "DEMO_TRAINING", {**demo.DEMO_TRAINING, "num_workers": 0, "progress_bar": None})
+    drawn = []
+    draw = demo._draw
+    monkeypatch.setattr(demo, "_draw", lambda image, detections: drawn.append(detections) or draw(image, detections))
+    assert cli.main(["demo", "--task", "segment", "--output", str(tmp_path / "demo"), "--epochs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "validation mask mAP@50:95 by epoch: " in out and "validation box mAP@50:95 by epoch: " in out
+    picture = tmp_path / "demo" / "predictions.png"
+    assert picture.is_file() and str(picture) in out
+    assert len(drawn) == 4 and all(d.mask is not None and d.mask.shape[1:] == (240, 320) for d in drawn)
+
+
+def test_demo_draws_masks_under_boxes():
+    import numpy as np
+    import supervision as sv
+    from PIL import Image
+
+    image = Image.new("RGB", (40, 30), (100, 100, 100))
+    mask = np.zeros((1, 30, 40), bool)
+    mask[0, 10:20, 5:15] = True
+    detections = sv.Detections(xyxy=np.array([[25.0, 2, 38, 28]]), confidence=np.array([0.9]),
+                               class_id=np.array([1]), mask=mask)
+    drawn = np.asarray(demo._draw(image, detections)).astype(int)
+    assert (drawn[15, 10] != 100).any() and (drawn[5, 30] == 100).all()  # mask pixel tinted, box inside not
+    assert (drawn[15, 25] != 100).any()  # the box outline
 
 
 def test_validation_history_reads_validated_rows(tmp_path):
@@ -29,6 +60,7 @@ def test_validation_history_reads_validated_rows(tmp_path):
         writer.writerows([{"epoch": 0, "train/loss": 3}, {"epoch": 0, "val/mAP_50_95": 0.1},
                           {"epoch": 1, "val/mAP_50_95": 0.25}])
     assert demo.validation_history(path) == [0.1, 0.25]
+    assert demo.validation_history(path, "train/loss") == [3.0]
 
 
 def test_train_command_maps_options(tmp_path, capsys, monkeypatch, tiny_kwargs):

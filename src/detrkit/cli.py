@@ -16,8 +16,11 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo", help="generate a small shapes data set and train a detector on it (CPU, a few minutes)",
-        description="Generate coloured shapes in COCO layout, train RFDETRNano from scratch at 224 px, "
-                    "print the validation metrics and save a picture of predictions.")
+        description="Generate coloured shapes in COCO layout, train RFDETRNano from scratch at 224 px "
+                    "(--task segment: RFDETRSegNano at 192 px, with masks), print the validation metrics "
+                    "and save a picture of predictions.")
+    demo.add_argument("--task", choices=("detect", "segment"), default="detect",
+                      help="detect: boxes (default); segment: boxes and instance masks")
     demo.add_argument("--output", type=Path, default=Path("detrkit-demo"), help="folder for everything")
     demo.add_argument("--device", default="cpu", help="torch device (default cpu)")
     demo.add_argument("--epochs", type=int, help="epochs (default 6)")
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from detrkit.demo import run_demo
 
-        run_demo(args.output, args.device, args.epochs)
+        run_demo(args.output, args.device, args.epochs, task=args.task)
         return 0
     if args.command == "train":
         return _train(args)
