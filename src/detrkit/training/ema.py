@@ -102,6 +102,11 @@ class EMACallback(pl.Callback):
         pl_module.ema = self.ema
         self._last_step = trainer.global_step
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # a resumed run's step counter is restored after on_fit_start: read it again, or the end of
+        # the first micro-batch of an accumulation window would look like a new optimizer step
+        self._last_step = trainer.global_step
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
         step = trainer.global_step

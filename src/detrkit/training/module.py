@@ -13,7 +13,7 @@ from detrkit.datasets.transforms import batch_scale, multi_scale_sizes, resize_b
 from detrkit.losses.criterion import build_criterion
 from detrkit.models.build import build_model
 from detrkit.models.detector import Detector
-from detrkit.models.postprocess import top_detections
+from detrkit.models.postprocess import top_detections, top_keypoint_detections
 from detrkit.ops.boxes import cxcywh_to_xyxy
 from detrkit.structures import Batch, Target
 from detrkit.training.accel.compile import compile_detector, compile_mode, compiled_box_cost
@@ -23,7 +23,8 @@ from detrkit.training.accel.precision import fused_adamw_applies
 from detrkit.training.auto_batch import require_integer_batch
 from detrkit.training.checkpoints import run_metadata
 from detrkit.training.ema import ModelEMA
-from detrkit.training.evaluation import DetectionEvaluator, with_masks
+from detrkit.training.evaluation import DetectionEvaluator, with_keypoints, with_masks
+from detrkit.training.manual_step import ManualAccumulation, require_data_parallel, step_schedulers, trains_manually
 from detrkit.training.optim import build_optimizer, build_scheduler
 from detrkit.training.rng import restore_rng_states, rng_states
 
@@ -47,6 +48,9 @@ class RFDETRModelModule(pl.LightningModule):
         self.model_config, self.train_config = model_config, train_config
         self.model = detector if detector is not None else build_model(model_config, train_config.drop_path)
         self.criterion = build_criterion(model_config, train_config)
+        # keypoint training accumulates by hand, normalised by the window's box count (spec 7.7)
+        self.manual_step = ManualAccumulation(train_config.grad_accum_steps) if trains_manually(train_config) else None
+        self.automatic_optimization = self.manual_step is None
         self.class_names = class_names
         # the RFDETR class checkpoints name, so that from_checkpoint() rebuilds the same preset
         self.model_name = model_name or type(model_config).__name__.removesuffix("Config")
@@ -62,6 +66,8 @@ class RFDETRModelModule(pl.LightningModule):
     def setup(self, stage: str) -> None:
         if self.class_names is None and self.trainer is not None:  # a custom loop: the data set knows
             self.class_names = getattr(self.trainer.datamodule, "class_names", None)
+        if stage == "fit" and self.manual_step is not None:
+            require_data_parallel(self.trainer.strategy)
 
     def on_fit_start(self) -> None:
         if self.plan is not None and self.plan.compile:  # in place, lazily: kernels build on the first step
@@ -94,7 +100,11 @@ class RFDETRModelModule(pl.LightningModule):
         outputs = (self._train_forward or self.model)(batch.pixels, batch.padding)
         groups = self.model.groups if self.model.training else 1
         with torch.autocast(self.device.type, enabled=False):  # matching and losses in fp32
-            losses = self.criterion(outputs, batch.targets, groups=groups, image_size=batch.pixels.shape[-2:])
+            if self.manual_step is not None:  # backward and optimizer step done here
+                losses = self.manual_step(self, self.criterion, outputs, batch.targets, groups,
+                                          batch.pixels.shape[-2:], batch_idx)
+            else:
+                losses = self.criterion(outputs, batch.targets, groups=groups, image_size=batch.pixels.shape[-2:])
         size, config = len(batch), self.train_config
         sync, on_step = config.train_log_sync_dist, config.train_log_on_step
         self.log("train/loss", losses.total, on_step=on_step, on_epoch=True, sync_dist=sync, batch_size=size)
@@ -109,6 +119,14 @@ class RFDETRModelModule(pl.LightningModule):
         lr = torch.tensor(self.trainer.optimizers[0].param_groups[0]["lr"])
         self.log("lr", lr, prog_bar=True, on_step=True, on_epoch=False, logger=False, batch_size=size)
         return losses.total
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.manual_step is not None:  # Lightning clips under automatic optimisation only
+            self.configure_gradient_clipping(optimizer, self.train_config.clip_max_norm or None, "norm")
+
+    def on_train_epoch_end(self) -> None:
+        if self.manual_step is not None:  # likewise for epoch-interval and plateau schedulers
+            step_schedulers(self, "epoch")
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._evaluate_step("val", batch)
@@ -170,15 +188,28 @@ class RFDETRModelModule(pl.LightningModule):
                 with torch.autocast(self.device.type, enabled=False):  # matching and losses in fp32
                     loss = self.criterion(outputs, batch.targets, groups=1, image_size=batch.pixels.shape[-2:]).total
                 self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(batch))
-            # scores from fp32 logits: bf16's 8-bit mantissa would tie many of them and move the AP
-            masks = outputs.pred_masks
-            detections = top_detections(outputs.pred_logits.float(), outputs.pred_boxes.float(), sizes,
-                                        self.model_config.num_select, masks)
-            if masks is not None:
-                image_truth = [dict(t) for t in truth]  # masks of the size each track's detections take
-                with_masks(detections, image_truth, batch.targets, tuple(batch.pixels.shape[-2:]),
-                           self.train_config.eval_masks_head_resolution)
-            self._evaluator(stage + "/" + prefix).add(detections, truth if masks is None else image_truth)
+            detections, image_truth = self._scored(outputs, sizes, batch, truth)
+            self._evaluator(stage + "/" + prefix).add(detections, image_truth)
+
+    def _scored(self, outputs, sizes: torch.Tensor, batch: Batch, truth: list[dict[str, torch.Tensor]]):
+        """Per image detections and the ground truth to score them against, with masks or
+        keypoints as the model predicts them."""
+        config = self.model_config
+        # scores from fp32 logits: bf16's 8-bit mantissa would tie many of them and move the AP
+        logits, boxes = outputs.pred_logits.float(), outputs.pred_boxes.float()
+        if outputs.pred_keypoints is not None:
+            detections = top_keypoint_detections(logits, boxes, outputs.pred_keypoints.float(), sizes,
+                                                 config.num_select, config.num_keypoints_per_class,
+                                                 config.postprocess_trace_alpha)
+            truth = [dict(t) for t in truth]
+            with_keypoints(truth, batch.targets)
+            return detections, truth
+        detections = top_detections(logits, boxes, sizes, config.num_select, outputs.pred_masks)
+        if outputs.pred_masks is not None:
+            truth = [dict(t) for t in truth]  # masks of the size each track's detections take
+            with_masks(detections, truth, batch.targets, tuple(batch.pixels.shape[-2:]),
+                       self.train_config.eval_masks_head_resolution)
+        return detections, truth
 
     def on_validation_epoch_end(self) -> None:
         self._log_evaluation("val")
@@ -192,7 +223,8 @@ class RFDETRModelModule(pl.LightningModule):
             self._evaluators[key] = DetectionEvaluator(
                 config.eval_max_dets, config.eval_backend,
                 **({"class_names": self.class_names} if config.log_per_class_metrics else {}),
-                masks=self.model.segmentation_head is not None)
+                masks=self.model.segmentation_head is not None, keypoints=bool(self.model_config.use_grouppose_keypoints),
+                keypoint_sigmas=config.keypoint_oks_sigmas)
         return self._evaluators[key]
 
     def _log_evaluation(self, stage: str) -> None:
@@ -233,7 +265,8 @@ class RFDETRModelModule(pl.LightningModule):
             optimizer=config.optimizer, optimizer_kwargs=config.optimizer_kwargs)
         scheduler = build_scheduler(
             optimizer, config.lr_scheduler, config.lr_scheduler_kwargs,
-            total_steps=int(self.trainer.estimated_stepping_batches), epochs=config.epochs,
+            total_steps=(self.manual_step.optimizer_steps(self.trainer) if self.manual_step is not None
+                         else int(self.trainer.estimated_stepping_batches)), epochs=config.epochs,
             warmup_epochs=config.warmup_epochs, interval=config.lr_scheduler_interval,
             monitor=config.lr_scheduler_monitor)
         if "monitor" in scheduler:
