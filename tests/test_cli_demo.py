@@ -3,7 +3,9 @@
 import csv
 import json
 
+import numpy as np
 import pytest
+import supervision as sv
 import torch
 
 from detrkit import cli, demo
@@ -35,6 +37,42 @@ def test_segment_demo_command_reports_mask_metrics_and_draws_masks(tmp_path, mon
     picture = tmp_path / "demo" / "predictions.png"
     assert picture.is_file() and str(picture) in out
     assert len(drawn) == 4 and all(d.mask is not None and d.mask.shape[1:] == (240, 320) for d in drawn)
+
+
+def test_pose_demo_command_reports_keypoint_ap_and_draws_keypoints(tmp_path, monkeypatch, tiny_kwargs, capsys):
+    tiny = {k: v for k, v in tiny_kwargs.items() if k not in ("device", "num_classes")}
+    monkeypatch.setattr(demo, "DEMO_POSE_MODEL", {**tiny, "patch_size": 16, "num_windows": 2,
+                                                  "num_keypoints_per_class": [4, 4, 4]})
+    monkeypatch.setattr(demo, "DEMO_TRAINING", {**demo.DEMO_TRAINING, "num_workers": 0, "progress_bar": None})
+    monkeypatch.setattr(demo, "DEMO_DATA", {**demo.DEMO_DATA, "num_train": 8, "num_valid": 4})  # 5 steps
+    drawn = []
+    draw = demo._draw
+    monkeypatch.setattr(demo, "_draw", lambda image, found: drawn.append(found) or draw(image, found))
+    assert cli.main(["demo", "--task", "pose", "--output", str(tmp_path / "demo"), "--epochs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "validation keypoint AP (OKS) @50:95 by epoch: " in out and "validation box mAP@50:95 by epoch: " in out
+    assert "mask mAP" not in out
+    picture = tmp_path / "demo" / "predictions.png"
+    assert picture.is_file() and str(picture) in out
+    assert len(drawn) == 4 and all(isinstance(k, sv.KeyPoints) and k.xy.shape[1:] == (4, 2) for k in drawn)
+    annotations = json.loads((tmp_path / "demo" / "dataset" / "train" / "_annotations.coco.json").read_text())
+    assert all(len(a["keypoints"]) == 12 for a in annotations["annotations"])
+
+
+def test_demo_draws_keypoints_joined_in_order_over_their_boxes():
+    from PIL import Image
+
+    image = Image.new("RGB", (60, 40), (100, 100, 100))
+    corners = np.array([[[10.0, 10], [30, 10], [30, 30], [10, 30]]], np.float32)
+    found = sv.KeyPoints(xy=corners, keypoint_confidence=np.ones((1, 4), np.float32), class_id=np.array([0]),
+                         detection_confidence=np.array([0.9], np.float32), visible=np.ones((1, 4), bool),
+                         data={"xyxy": np.array([[40.0, 5, 55, 35]], np.float32),
+                               "class_name": np.array(["square"], dtype=object)})
+    drawn = np.asarray(demo._draw(image, found)).astype(int)
+    assert (drawn[10, 10] == 0).all()  # a vertex, in black
+    assert (drawn[20, 30] == 255).all() and (drawn[10, 20] == 255).all()  # edges, in white
+    assert (drawn[20, 20] == 100).all()  # inside the keypoints: untouched
+    assert (drawn[20, 40] != 100).any() and (drawn[20, 47] == 100).all()  # the box outline, not its inside
 
 
 def test_demo_draws_masks_under_boxes():

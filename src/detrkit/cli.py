@@ -17,13 +17,14 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="generate a small shapes data set and train a detector on it (CPU, a few minutes)",
         description="Generate coloured shapes in COCO layout, train RFDETRNano from scratch at 224 px "
-                    "(--task segment: RFDETRSegNano at 192 px, with masks), print the validation metrics "
-                    "and save a picture of predictions.")
-    demo.add_argument("--task", choices=("detect", "segment"), default="detect",
-                      help="detect: boxes (default); segment: boxes and instance masks")
+                    "(--task segment: RFDETRSegNano at 192 px, with masks; --task pose: a small "
+                    "RFDETRKeypointPreview at 192 px, with the 4 corners of each shape as keypoints), print "
+                    "the validation metrics and save a picture of predictions.")
+    demo.add_argument("--task", choices=("detect", "segment", "pose"), default="detect",
+                      help="detect: boxes (default); segment: boxes and instance masks; pose: boxes and keypoints")
     demo.add_argument("--output", type=Path, default=Path("detrkit-demo"), help="folder for everything")
     demo.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    demo.add_argument("--epochs", type=int, help="epochs (default 6)")
+    demo.add_argument("--epochs", type=int, help="epochs (default 6; pose: 10)")
     _add_train_parser(commands)
     predict = commands.add_parser(
         "predict", help="detect objects in an image, print them and save a drawing",

@@ -20,42 +20,64 @@ if TYPE_CHECKING:
 DEMO_MODEL = dict(pretrain_weights=None, resolution=224, num_queries=60, num_select=60, group_detr=4)
 # RFDETRSegNano's architecture (12 px patches, one window) at a lower resolution
 DEMO_SEG_MODEL = dict(pretrain_weights=None, resolution=192, num_queries=60, num_select=60, group_detr=4)
+# RFDETRKeypointPreview's keypoint decoder on a Nano-sized model, 4 corner keypoints per shape class;
+# fewer queries than the others, as every query carries 12 keypoint tokens through the decoder
+DEMO_POSE_MODEL = dict(pretrain_weights=None, resolution=192, positional_encoding_size=12, patch_size=16,
+                       num_windows=2, dec_layers=2, num_queries=30, num_select=30, group_detr=4,
+                       num_keypoints_per_class=[4, 4, 4])
+DEMO_POSE_TRAINING = dict(epochs=10, skip_best_epochs=0)  # keypoint AP starts rising after about 5 epochs
+DEMO_DATA = dict(num_train=64, num_valid=16, seed=0)
 DEMO_TRAINING = dict(epochs=6, batch_size=4, lr=4e-4, lr_encoder=4e-4, multi_scale="off", scale_jitter=False,
                      num_workers=2, eval_interval=1, progress_bar="tqdm", tensorboard=False, seed=0,
                      warmup_epochs=0.0)
-TASKS = ("detect", "segment")
+TASKS = ("detect", "segment", "pose")
+
+
+# the second metric each task prints beside the box mAP: (result key, metrics.csv column, wording)
+TASK_METRICS = {"segment": ("mask_map_by_epoch", "val/segm_mAP_50_95", "mask mAP@50:95"),
+                "pose": ("keypoint_map_by_epoch", "val/keypoint_map_50_95", "keypoint AP (OKS) @50:95")}
 
 
 def run_demo(output: Path = Path("detrkit-demo"), device: str = "cpu", epochs: int | None = None,
              task: str = "detect") -> dict:
-    """Train a detector (task "detect") or an instance segmentation model ("segment") on generated
-    data; returns the per-epoch validation box mAP (and mask mAP) and the paths written."""
+    """Train a detector (task "detect"), an instance segmentation model ("segment") or a keypoint
+    model ("pose": the four corners of each shape) on generated data; returns the per-epoch
+    validation box mAP (and mask mAP or keypoint AP) and the paths written."""
     from detrkit.datasets.synthetic import make_synthetic_dataset
-    from detrkit.variants import RFDETRNano, RFDETRSegNano
 
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
-    segment = task == "segment"
     started = time.perf_counter()
-    dataset = make_synthetic_dataset(output / "dataset", num_train=64, num_valid=16, seed=0)
+    dataset = make_synthetic_dataset(output / "dataset", **DEMO_DATA, keypoints=task == "pose")
     print(f"data set of coloured shapes written to {dataset}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PretrainWeightsCompatibilityWarning)
-        model = (RFDETRSegNano(**DEMO_SEG_MODEL, device=device) if segment
-                 else RFDETRNano(**DEMO_MODEL, device=device))
-    settings = dict(DEMO_TRAINING, epochs=epochs or DEMO_TRAINING["epochs"])
-    model.train(dataset_dir=str(dataset), output_dir=str(output / "run"), **settings)
+    model, settings = _demo_model(task, device)
+    model.train(dataset_dir=str(dataset), output_dir=str(output / "run"),
+                **dict(settings, epochs=epochs or settings["epochs"]))
     metrics = output / "run" / "metrics.csv"
     result = {"map_by_epoch": validation_history(metrics), "dataset": dataset}
     print("\nvalidation box mAP@50:95 by epoch: " + _listed(result["map_by_epoch"]))
-    if segment:
-        result["mask_map_by_epoch"] = validation_history(metrics, "val/segm_mAP_50_95")
-        print("validation mask mAP@50:95 by epoch: " + _listed(result["mask_map_by_epoch"]))
+    if task in TASK_METRICS:
+        name, column, wording = TASK_METRICS[task]
+        result[name] = validation_history(metrics, column)
+        print(f"validation {wording} by epoch: " + _listed(result[name]))
     result["picture"] = _draw_predictions(model, sorted((dataset / "valid").glob("*.jpg"))[:4], output)
     print(f"predictions drawn on validation images: {result['picture']}")
     print(f"metrics: {metrics}; run settings: {output / 'run' / 'training_config.json'}")
     print(f"done in {time.perf_counter() - started:.0f} s")
     return result
+
+
+def _demo_model(task: str, device: str) -> tuple[RFDETR, dict]:
+    """The untrained demo model of `task` and its train() settings."""
+    from detrkit.variants import RFDETRKeypointPreview, RFDETRNano, RFDETRSegNano
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PretrainWeightsCompatibilityWarning)
+        if task == "pose":
+            return RFDETRKeypointPreview(**DEMO_POSE_MODEL, device=device), {**DEMO_TRAINING, **DEMO_POSE_TRAINING}
+        if task == "segment":
+            return RFDETRSegNano(**DEMO_SEG_MODEL, device=device), DEMO_TRAINING
+        return RFDETRNano(**DEMO_MODEL, device=device), DEMO_TRAINING
 
 
 def validation_history(metrics_csv: Path, key: str = "val/mAP_50_95") -> list[float]:
@@ -70,7 +92,8 @@ def _listed(values: list[float]) -> str:
 
 
 def _draw_predictions(model: RFDETR, images: list[Path], output: Path) -> Path:
-    """One picture of the predictions on `images`, side by side: masks (if any) under boxes."""
+    """One picture of the predictions on `images`, side by side: masks (if any) under boxes, keypoints
+    over them."""
     from PIL import Image
 
     tiles = []
@@ -82,17 +105,27 @@ def _draw_predictions(model: RFDETR, images: list[Path], output: Path) -> Path:
     return picture
 
 
-def _draw(image: Image.Image, detections: sv.Detections) -> Image.Image:
+def _draw(image: Image.Image, prediction: sv.Detections | sv.KeyPoints) -> Image.Image:
+    """Boxes over masks (if any); for keypoint predictions, their boxes and each shape's corners
+    joined in order."""
     import numpy as np
     import supervision as sv
     from PIL import Image
 
+    from detrkit.datasets.synthetic import CORNER_SKELETON
     from detrkit.render import _PALETTE, draw_detections
 
-    if detections.mask is not None:  # in the colours of the boxes
+    if isinstance(prediction, sv.KeyPoints):
+        edges = sv.EdgeAnnotator(color=sv.Color.WHITE, thickness=1, edges=[tuple(e) for e in CORNER_SKELETON])
+        image = sv.VertexAnnotator(color=sv.Color.BLACK, radius=2).annotate(
+            edges.annotate(image.copy(), prediction), prediction)
+        prediction = sv.Detections(xyxy=prediction.data["xyxy"].reshape(-1, 4),
+                                   confidence=prediction.detection_confidence, class_id=prediction.class_id,
+                                   data={"class_name": prediction.data["class_name"]})
+    elif prediction.mask is not None:  # in the colours of the boxes
         annotator = sv.MaskAnnotator(color=sv.ColorPalette([sv.Color(*rgb) for rgb in _PALETTE]), opacity=0.5)
-        image = Image.fromarray(annotator.annotate(np.array(image), detections))
-    return draw_detections(image, detections)
+        image = Image.fromarray(annotator.annotate(np.array(image), prediction))
+    return draw_detections(image, prediction)
 
 
 def _grid(tiles: list[Image.Image]) -> Image.Image:

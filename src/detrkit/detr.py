@@ -16,9 +16,10 @@ from detrkit.config import ModelConfig, TrainConfig
 from detrkit.datasets.coco_categories import COCO_CATEGORIES
 from detrkit.datasets.images import BatchPreparer, ImageInput, to_source_image, to_tensor
 from detrkit.datasets.sources import open_source
+from detrkit.key_points import as_key_points
 from detrkit.models.build import build_model
 from detrkit.models.download import resolve_weights
-from detrkit.models.postprocess import detections_above, top_detections
+from detrkit.models.postprocess import detections_above, keypoint_pixel_covariance, select_detections
 from detrkit.models.weights import load_weights, read_checkpoint, reset_keypoint_precision
 
 if TYPE_CHECKING:
@@ -63,8 +64,8 @@ class RFDETR:
     def predict(self, images: ImageInput | Sequence[ImageInput] | Iterator[ImageInput], threshold: float = 0.5,
                 shape: tuple[int, int] | None = None, *, batch: int | None = None, stream: bool = False,
                 vid_stride: int = 1, include_source_image: bool = True,
-                ) -> sv.Detections | list[sv.Detections] | Iterator[sv.Detections]:
-        """Detect objects; one `supervision.Detections` per image or video frame.
+                ) -> sv.Detections | sv.KeyPoints | list[sv.Detections | sv.KeyPoints] | Iterator:
+        """Detect objects; one `supervision.Detections` (keypoint models: `KeyPoints`) per image or frame.
 
         Sources: an image (path, PIL image, HWC uint8 RGB array, CHW tensor: uint8 or float in
         [0, 1]) gives one Detections; a directory (its images, by name), a glob ("imgs/*.jpg"), a
@@ -75,6 +76,12 @@ class RFDETR:
         is due; `vid_stride=N` keeps every N-th video frame; `include_source_image` stores the
         HWC uint8 image in `detections.metadata["source_image"]`. Missing paths raise at once.
         Segmentation models fill `detections.mask`: (N, H, W) bool in the source image's pixels.
+        Keypoint models return `supervision.KeyPoints`, as rfdetr does: `xy` (N, K, 2) in source
+        pixels, `keypoint_confidence` (N, K) σ(findable), `detection_confidence` (N,) the score the
+        threshold compares (fused with keypoint uncertainty, see postprocess_trace_alpha), `class_id`;
+        `data` holds the boxes as "xyxy" (N, 4), "covariance" (N, K, 2, 2) in pixels², the raw
+        "keypoint_precision_cholesky" (N, K, 3), "class_name", "source_shape" and, per row,
+        "source_image" (KeyPoints has no metadata). See key_points.as_key_points.
         """
         source = open_source(images, batch=batch, vid_stride=vid_stride)
         preparer = self._preparer(shape)
@@ -85,7 +92,7 @@ class RFDETR:
         return next(results) if source.single else list(results)
 
     def _detect_batch(self, images: list[ImageInput], threshold: float, preparer: BatchPreparer,
-                      include_source_image: bool) -> list[sv.Detections]:
+                      include_source_image: bool) -> list[sv.Detections | sv.KeyPoints]:
         """One forward pass over `images`, each resized by `preparer`."""
         tensors = [to_tensor(image, self.model_config.num_channels) for image in images]
         sizes = torch.tensor([t.shape[-2:] for t in tensors])
@@ -93,8 +100,9 @@ class RFDETR:
             self.model.eval()
             with self._inference_autocast():
                 outputs = self.model(preparer(tensors))
-            results = top_detections(outputs.pred_logits.float(), outputs.pred_boxes.float(), sizes.to(self.device),
-                                     self.model_config.num_select, masks=outputs.pred_masks)
+            config = self.model_config
+            results = select_detections(outputs, sizes.to(self.device), config.num_select,
+                                        config.num_keypoints_per_class, config.postprocess_trace_alpha)
         return [self._to_detections(result, threshold, tuple(size.tolist()),
                                     to_source_image(tensor) if include_source_image else None)
                 for result, size, tensor in zip(results, sizes, tensors)]
@@ -114,9 +122,9 @@ class RFDETR:
         return self._preparers[size]
 
     def _to_detections(self, result: dict[str, torch.Tensor], threshold: float, source_shape: tuple[int, int],
-                       source_image: np.ndarray | None = None) -> sv.Detections:
+                       source_image: np.ndarray | None = None) -> sv.Detections | sv.KeyPoints:
         """Detections above `threshold`, with (N, H, W) bool masks at the source size for segmentation
-        models; the same dtypes whether empty or not."""
+        models, as KeyPoints for keypoint models; the same dtypes whether empty or not."""
         import supervision as sv  # heavy import, deferred so that `import detrkit` stays fast
 
         kept = detections_above(result, threshold, source_shape)
@@ -129,6 +137,9 @@ class RFDETR:
         detections.data["source_shape"] = np.tile(np.array(source_shape, dtype=np.int64), (len(class_id), 1))
         if source_image is not None:
             detections.metadata["source_image"] = source_image
+        if "keypoints" in kept:
+            covariance = keypoint_pixel_covariance(kept["keypoint_precision_cholesky"].cpu().double(), source_shape)
+            return as_key_points(detections, kept, covariance, source_image)
         return detections
 
     def class_name(self, class_id: int) -> str:

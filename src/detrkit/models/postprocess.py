@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from detrkit.models.heads.keypoint import active_keypoint_mask
 from detrkit.ops.boxes import cxcywh_to_xyxy
+from detrkit.structures import DetectorOutput
 
 
 def top_detections(logits: torch.Tensor, boxes: torch.Tensor, image_sizes: torch.Tensor,
@@ -147,3 +148,36 @@ def _log_mean_trace(keypoints: torch.Tensor, active: torch.Tensor) -> torch.Tens
     log_weight = torch.where(active, log_weight, float("-inf"))
     mean = (log_trace + log_weight).logsumexp(-1) - log_weight.logsumexp(-1)
     return torch.where(active.any(-1), mean, 0.0)
+
+
+def select_detections(outputs: DetectorOutput, image_sizes: torch.Tensor, num_select: int,
+                      num_keypoints_per_class: Sequence[int] = (),
+                      trace_alpha: float = 0.0) -> list[dict[str, torch.Tensor]]:
+    """`top_keypoint_detections` of outputs with keypoints, else `top_detections` (with the mask
+    logits of outputs with masks); scores and boxes from fp32 logits and boxes."""
+    logits, boxes = outputs.pred_logits.float(), outputs.pred_boxes.float()
+    if outputs.pred_keypoints is not None:
+        return top_keypoint_detections(logits, boxes, outputs.pred_keypoints.float(), image_sizes, num_select,
+                                       num_keypoints_per_class, trace_alpha)
+    return top_detections(logits, boxes, image_sizes, num_select, masks=outputs.pred_masks)
+
+
+def keypoint_pixel_covariance(precision_cholesky: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:
+    """(N, K, 2, 2) location covariance in pixels of keypoints predicted in an (H, W) image.
+
+    precision_cholesky (N, K, 3) holds (log l11, l21, log l22) in normalised coordinates: the
+    precision is L Lᵀ with L = [[l11, 0], [l21, l22]], so the covariance is its closed-form
+    inverse, then scaled by diag(W, H) on both sides. Keypoints whose parameters or covariance
+    are not finite (inactive ones: NaN) get NaN. Computed in the input's dtype.
+    """
+    log_l11, l21, log_l22 = precision_cholesky.unbind(-1)
+    l11, l22 = log_l11.exp(), log_l22.exp()
+    inverse_det = 1 / (l11 * l22) ** 2  # det(L Lᵀ) = (l11 l22)²
+    off_diagonal = -l11 * l21 * inverse_det + 0.0  # + 0.0 turns -0.0 into 0.0
+    rows = (((l21 ** 2 + l22 ** 2) * inverse_det, off_diagonal), (off_diagonal, l11 ** 2 * inverse_det))
+    covariance = torch.stack([torch.stack(row, -1) for row in rows], -2)  # (N, K, 2, 2)
+    height, width = image_size
+    scale = precision_cholesky.new_tensor([width, height])
+    covariance = covariance * scale[:, None] * scale[None, :]
+    finite = covariance.isfinite().flatten(-2).all(-1) & precision_cholesky.isfinite().all(-1)  # (N, K)
+    return torch.where(finite[..., None, None], covariance, float("nan"))
