@@ -52,16 +52,15 @@ def encode_masks(masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     num, height, width = masks.shape
     pixels = height * width
     columns = masks.bool().transpose(1, 2).reshape(num, pixels)  # (N, W*H), column-major
-    padded = torch.cat([columns.new_zeros(num, 1), columns], dim=1)  # the leading run is of zeros
-    changes = (padded[:, 1:] != padded[:, :-1]).nonzero()  # (C, 2) mask, pixel where a run ends
-    ends = torch.stack([torch.arange(num, device=masks.device), torch.full((num,), pixels, device=masks.device)], 1)
-    bounds = torch.cat([changes, ends])  # every run's end, per mask
-    bounds = bounds[torch.argsort(bounds[:, 0] * (pixels + 1) + bounds[:, 1])]  # by mask, then pixel
-    mask_index, position = bounds.unbind(1)
-    starts = torch.roll(position, 1)
+    # a leading 0 (the first run is of zeros) and a trailing value unlike the last pixel, so that
+    # every run, the last one included, ends where the value changes; nonzero() lists those ends
+    # in order, by mask and then by pixel
+    padded = torch.cat([columns.new_zeros(num, 1), columns, ~columns[:, -1:]], dim=1)  # (N, W*H + 2)
+    mask_index, position = (padded[:, 1:] != padded[:, :-1]).nonzero().unbind(1)
     first = torch.ones_like(mask_index, dtype=torch.bool)
     first[1:] = mask_index[1:] != mask_index[:-1]
-    runs = position - torch.where(first, torch.zeros_like(starts), starts)
+    previous = torch.roll(position, 1)
+    runs = position - torch.where(first, torch.zeros_like(previous), previous)
     return runs, torch.bincount(mask_index, minlength=num)
 
 
