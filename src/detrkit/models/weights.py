@@ -116,8 +116,7 @@ def fit_weights(checkpoint: Checkpoint, model: torch.nn.Module) -> dict[str, tor
     target = model.state_dict()
     weights = {k: v for k, v in checkpoint.weights.items() if not k.startswith(_UNUSED_PREFIXES)}
     _check_patch_size(checkpoint, target)
-    _check_segmentation_head(checkpoint, target)
-    _check_keypoint_head(checkpoint, target)
+    _check_optional_heads(checkpoint, target)
     _seed_second_projector(weights, target)
     num_logits = target["class_embed.bias"].shape[0]
     for key, value in weights.items():
@@ -146,32 +145,27 @@ def _check_patch_size(checkpoint: Checkpoint, target: dict[str, torch.Tensor]) -
             f"patch_size={wanted}; pick the matching model class")
 
 
-def _check_segmentation_head(checkpoint: Checkpoint, target: dict[str, torch.Tensor]) -> None:
-    """A segmentation checkpoint needs a segmentation model; a checkpoint saved as detection-only
-    (its config says segmentation_head=False) needs a detection model."""
-    saved = any(key.startswith(_MASK_HEAD_PREFIX) for key in checkpoint.weights)
-    wanted = any(key.startswith(_MASK_HEAD_PREFIX) for key in target)
-    declared = {**checkpoint.args, **checkpoint.model_config}.get("segmentation_head")
-    if saved and not wanted:
-        raise CheckpointError(f"{checkpoint.path} was trained with a segmentation head and the model has none; "
-                              "load it into a segmentation class such as RFDETRSegNano")
-    if wanted and not saved and declared is False:
-        raise CheckpointError(f"{checkpoint.path} was trained without a segmentation head and the model has "
-                              "one; load it into a detection class such as RFDETRNano")
+# optional heads: key prefix, the config flag that declares them, how errors name them and a class that has them
+_OPTIONAL_HEADS = (
+    (_MASK_HEAD_PREFIX, "segmentation_head", "a segmentation head", "a segmentation class such as RFDETRSegNano"),
+    (_KEYPOINT_HEAD_PREFIX, "use_grouppose_keypoints", "keypoint heads",
+     "a keypoint class such as RFDETRKeypointPreview"),
+)
 
 
-def _check_keypoint_head(checkpoint: Checkpoint, target: dict[str, torch.Tensor]) -> None:
-    """A keypoint checkpoint needs a keypoint model; one saved without keypoints (its config says
-    use_grouppose_keypoints=False) needs a model without them."""
-    saved = any(key.startswith(_KEYPOINT_HEAD_PREFIX) for key in checkpoint.weights)
-    wanted = any(key.startswith(_KEYPOINT_HEAD_PREFIX) for key in target)
-    declared = {**checkpoint.args, **checkpoint.model_config}.get("use_grouppose_keypoints")
-    if saved and not wanted:
-        raise CheckpointError(f"{checkpoint.path} was trained with keypoint heads and the model has none; "
-                              "load it into a keypoint class such as RFDETRKeypointPreview")
-    if wanted and not saved and declared is False:
-        raise CheckpointError(f"{checkpoint.path} was trained without keypoint heads and the model has them; "
-                              "load it into a detection class such as RFDETRNano")
+def _check_optional_heads(checkpoint: Checkpoint, target: dict[str, torch.Tensor]) -> None:
+    """A checkpoint with a segmentation or keypoint head needs a model with it; one saved without
+    it (its config says so) needs a model without it."""
+    declared = {**checkpoint.args, **checkpoint.model_config}
+    for prefix, flag, head, model_with_it in _OPTIONAL_HEADS:
+        saved = any(key.startswith(prefix) for key in checkpoint.weights)
+        wanted = any(key.startswith(prefix) for key in target)
+        if saved and not wanted:
+            raise CheckpointError(f"{checkpoint.path} was trained with {head} and the model has none; "
+                                  f"load it into {model_with_it}")
+        if wanted and not saved and declared.get(flag) is False:
+            raise CheckpointError(f"{checkpoint.path} was trained without {head} but the model has {head}; "
+                                  "load it into a detection class such as RFDETRNano")
 
 
 def _seed_second_projector(weights: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> None:
