@@ -96,14 +96,16 @@ def choose_batch(fits: Callable[[int], bool], *, target_effective: int, world_si
 
 
 def synthetic_batch(batch_size: int, side: int, num_channels: int, boxes_per_image: int,
-                    device: torch.device) -> Batch:
-    """Random square images, each with `boxes_per_image` identical boxes of class 0 and their masks
-    (one shared tensor; detection losses ignore it)."""
+                    device: torch.device, with_masks: bool = False) -> Batch:
+    """Random square images, each with `boxes_per_image` identical boxes of class 0 and, for a
+    segmentation model, their masks (one tensor shared by the images)."""
     pixels = torch.randn(batch_size, num_channels, side, side, device=device)  # (B, C, S, S)
     boxes = torch.tensor([[0.5, 0.5, 0.5, 0.5]], device=device).expand(boxes_per_image, 4)  # (N, 4) cxcywh
     labels = torch.zeros(boxes_per_image, dtype=torch.long, device=device)
-    masks = torch.zeros(boxes_per_image, side, side, dtype=torch.bool, device=device)  # (N, S, S), the box filled
-    masks[:, side // 4:side - side // 4, side // 4:side - side // 4] = True
+    masks = None
+    if with_masks:
+        masks = torch.zeros(boxes_per_image, side, side, dtype=torch.bool, device=device)  # (N, S, S), the box filled
+        masks[:, side // 4:side - side // 4, side // 4:side - side // 4] = True
     targets = [Target(boxes, labels, image_id=i, orig_size=(side, side), size=(side, side), masks=masks)
                for i in range(batch_size)]
     return Batch(pixels, None, targets)
@@ -127,7 +129,8 @@ class MemoryProbe:
         """Forward, losses, backward and the shadow AdamW step on one batch of `batch_size`."""
         detector = self.detector
         device = next(detector.parameters()).device
-        batch = synthetic_batch(batch_size, self.side, self.num_channels, self.boxes_per_image, device)
+        batch = synthetic_batch(batch_size, self.side, self.num_channels, self.boxes_per_image, device,
+                                with_masks=detector.segmentation_head is not None)
         mode, grads = detector.training, [p.grad for p in self.trainable]
         buffers = [b.clone() for b in detector.buffers()]  # BatchNorm statistics move in training mode
         try:

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
+from detrkit.datasets.transforms import resize_masks
 from detrkit.models.postprocess import masks_at_size, valid_mask_region
 from detrkit.structures import Target
 from detrkit.training.coco_backends.rle import EncodedMasks
@@ -125,7 +125,7 @@ def with_masks(detections: list[dict[str, torch.Tensor]], truth: list[dict[str, 
         valid = valid_mask_region(tuple(logits.shape[-2:]), padded_size, target.size)
         size = valid if head_resolution else target.orig_size
         detection["masks"] = EncodedMasks.encode(masks_at_size(logits, valid, size))
-        objects = F.interpolate(target.masks[None].float(), size=size, mode="nearest")[0] > 0  # (N, H, W)
+        objects = resize_masks(target.masks, size)  # (N, H, W)
         crowds = _filled_boxes(image_truth["boxes"][len(objects):], target.orig_size, size)
         image_truth["masks"] = EncodedMasks.encode(torch.cat([objects, crowds]))
 
