@@ -1,6 +1,7 @@
 """Segmentation criterion against values the reference rfdetr 1.11.2 computed on the same inputs
-and seed (tests/data/mask_loss_reference.pt): every term, the total, the matches, the gradients
-and the random stream after the call are bit-identical.
+and seed (tests/data/mask_loss_reference.pt): the matches and the random stream after the call are
+identical; every term, the total and the gradients agree within 4 float32 ulps of their largest
+entry (the bits differ by CPU, see ulps.py; on the CPU that wrote the file they were identical).
 
 The file was written by a side script run in the reference's own environment (never part of
 detrkit): per case, its HungarianMatcher (costs 2/5/2, mask costs 5/5, ratio 16) and SetCriterion
@@ -20,6 +21,7 @@ from detrkit.losses.criterion import SetCriterion
 from detrkit.losses.masks import pad_target_masks
 from detrkit.losses.matcher import HungarianMatcher
 from detrkit.structures import DetectorOutput, MaskFactors, Target
+from ulps import assert_within_ulps
 
 DATA = torch.load(Path(__file__).parents[1] / "data" / "mask_loss_reference.pt", weights_only=True)
 CASES = ["factors", "factors_big", "dense", "padded", "padded_dense", "empty"]
@@ -51,18 +53,18 @@ def run(case):
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_terms_total_gradients_and_random_stream_are_bit_identical(name):
+def test_terms_total_gradients_and_random_stream_are_the_reference(name):
     case, reference = DATA[name]["case"], DATA[name]["reference"]
     leaves, result, next_draw = run(case)
     expected = {key: value for key, value in reference["losses"].items() if key.startswith("loss_")}
     assert set(result.terms) == set(expected)
     for key, value in expected.items():
-        assert torch.equal(result.terms[key], value), key
-    assert torch.equal(result.total, reference["total"])
+        assert_within_ulps(result.terms[key], value, label=key)
+    assert_within_ulps(result.total, reference["total"])
     assert torch.equal(next_draw, reference["next_draw"])  # the same number of random draws, in order
     for layer, (leaf, grads) in enumerate(zip(leaves, reference["grads"])):
         for key in LEAVES:
-            assert torch.equal(leaf[key].grad, grads[key]), (layer, key)
+            assert_within_ulps(leaf[key].grad, grads[key], label=(layer, key))
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -85,11 +87,11 @@ def test_every_layer_matches_the_same_pairs(name):
         assert torch.equal(layer_matches.target - starts[image], columns)
 
 
-def test_shipped_torchscript_gradients_are_within_one_ulp():
+def test_shipped_torchscript_gradients_are_within_a_few_ulps():
     leaves, _, _ = run(DATA["factors"]["case"])
     for leaf, grads in zip(leaves, DATA["factors"]["reference"]["grads_scripted"]):
         for key in LEAVES:
-            torch.testing.assert_close(leaf[key].grad, grads[key], rtol=0, atol=1.2e-7)
+            assert_within_ulps(leaf[key].grad, grads[key], label=key)
 
 
 @pytest.mark.parametrize("form", ["factors", "dense"])

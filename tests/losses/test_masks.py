@@ -6,8 +6,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from detrkit.losses.criterion import SetCriterion
-from detrkit.losses.masks import (matched_mask_logits, matched_point_labels, pad_target_masks, pairwise_mask_costs,
-                                  point_mask_losses, point_sample)
+from detrkit.losses.masks import (matched_mask_logits, pad_target_masks, pairwise_mask_costs, point_mask_losses,
+                                  point_sample, target_point_labels)
 from detrkit.losses.matcher import HungarianMatcher
 from detrkit.structures import DetectorOutput, MaskFactors, Target
 from twins import bilinear_at, brute_force_assign, factor_mask, mask_pair_cost, mask_pair_loss, nearest_at, pair_cost
@@ -165,15 +165,30 @@ def test_factored_masks_are_multiplied_out_for_matched_queries_only():
     torch.testing.assert_close(logits, factors.dense().flatten(0, 1)[MATCHED_QUERY], rtol=0, atol=1e-12)
     assert torch.equal(matched_mask_logits(factors.dense(), MATCHED_QUERY, COUNTS),
                        factors.dense().flatten(0, 1)[MATCHED_QUERY])
+    three = random_factors(generator, 3, 5)  # uneven counts, an image without matches, a query twice
+    matched = torch.tensor([4, 0, 4, 13])
+    torch.testing.assert_close(matched_mask_logits(three, matched, [3, 0, 1]), three.dense().flatten(0, 1)[matched],
+                               rtol=0, atol=1e-12)
 
 
-def test_labels_do_not_depend_on_the_chunk_size():
+@pytest.mark.parametrize("size", [(12, 10), (7, 5), (312, 312), (480, 640)])
+def test_labels_are_grid_samples_nearest_pixels_read_by_index(size):
+    """Indexing reads the very pixels grid_sample's nearest mode (border, align_corners=False)
+    picks, also on pixel edges and centres, where rounding half to even decides, and the corners."""
     generator = torch.Generator().manual_seed(4)
-    target_masks = pad_target_masks(random_masks(generator, [2, 3]), IMAGE)
-    points = torch.rand(5, 7, 2, generator=generator)
-    whole = matched_point_labels(target_masks, MATCHED_TARGET, points)
-    assert torch.equal(matched_point_labels(target_masks, MATCHED_TARGET, points, chunk_pixels=1), whole)
-    assert torch.equal(matched_point_labels(target_masks, MATCHED_TARGET, points, chunk_pixels=2 * 120), whole)
+    height, width = size
+    masks = torch.rand(6, height, width, generator=generator) > 0.5
+    points = torch.rand(6, 3000, 2, generator=generator)
+    columns = torch.randint(0, width + 1, (6, 500), generator=generator).float()
+    rows = torch.randint(0, height + 1, (6, 500), generator=generator).float()
+    points[:, :500, 0], points[:, :500, 1] = columns / width, rows / height  # pixel edges
+    points[:, 500:1000, 0], points[:, 500:1000, 1] = (columns + 0.5) / width, (rows + 0.5) / height  # centres
+    points[:, 1000:1004] = torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.0, 1.0], [1.0, 0.0]])
+    expected = point_sample(masks[:, None].float(), points, mode="nearest")[:, 0]
+    assert torch.equal(target_point_labels(masks, points), expected)
+    chosen = torch.tensor([5, 0, 0, 2])  # one row per point set, repeats allowed
+    assert torch.equal(target_point_labels(masks, points[:4], rows=chosen),
+                       point_sample(masks[chosen, None].float(), points[:4], mode="nearest")[:, 0])
 
 
 @pytest.mark.parametrize("dense", [False, True])

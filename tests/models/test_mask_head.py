@@ -46,11 +46,34 @@ def naive_masks(head: SegmentationHead, level, hidden, enc_features, image_size)
 
 def test_eval_masks_have_input_over_ratio_size_in_every_output(segmenter):
     with torch.no_grad():
-        out = segmenter.eval()(torch.randn(2, 3, 64, 128))
+        out = segmenter.eval()(torch.randn(2, 3, 64, 128), every_mask_layer=True)
     assert out["pred_masks"].shape == (2, 12, 16, 32)
-    assert [aux["pred_masks"].shape for aux in out.aux_outputs] == [(2, 12, 16, 32)]
-    assert out.enc_outputs["pred_masks"].shape == (2, 12, 16, 32)
+    assert [aux["pred_masks"].dense().shape for aux in out.aux_outputs] == [(2, 12, 16, 32)]
+    assert out.enc_outputs["pred_masks"].dense().shape == (2, 12, 16, 32)
     assert set(out) == {"pred_logits", "pred_boxes", "pred_masks", "aux_outputs", "enc_outputs"}
+
+
+def test_eval_computes_only_the_final_layers_masks_unless_asked(segmenter):
+    """What predictions and metrics read: the final layer's dense masks, the same values; the
+    auxiliary layers' and proposals' masks (losses only) are skipped, projections included."""
+    pixels = torch.randn(2, 3, 64, 64)
+    projected = []
+    segmenter.segmentation_head.query_features_proj.register_forward_hook(lambda m, a, out: projected.append(out))
+    with torch.no_grad():
+        every = segmenter.eval()(pixels, every_mask_layer=True)
+        calls = len(projected)
+        final = segmenter(pixels)
+    assert calls == 3 and len(projected) == calls + 1  # 2 decoder layers and the proposals, then the final layer
+    assert torch.equal(final.pred_masks, every.pred_masks)
+    assert "pred_masks" not in final.aux_outputs[0] and "pred_masks" not in final.enc_outputs
+    assert torch.equal(final.pred_logits, every.pred_logits)
+    head = segmenter.segmentation_head
+    level, hidden, enc = torch.randn(2, 32, 4, 6), torch.randn(2, 2, 5, 32), torch.randn(2, 7, 32)
+    with torch.no_grad():
+        layers, encoder = head(level, hidden, enc, (64, 96), every_layer=False)
+        all_layers, _ = head(level, hidden, enc, (64, 96))
+    assert layers[0] is None and encoder is None
+    assert torch.equal(layers[1].dense(), all_layers[1].dense())
 
 
 def test_mask_downsample_ratio_sets_the_mask_size(tiny_kwargs):
@@ -79,12 +102,12 @@ def test_detector_feeds_the_head_its_first_level_decoder_and_encoder_features(se
     segmenter.backbone[0].register_forward_hook(lambda m, a, out: seen.update(level=out.levels[0]))
     segmenter.transformer.register_forward_hook(lambda m, a, out: seen.update(out=out))
     with torch.no_grad():
-        out = segmenter.eval()(pixels)
+        out = segmenter.eval()(pixels, every_mask_layer=True)
         layers, encoder = naive_masks(segmenter.segmentation_head, seen["level"], seen["out"].hidden,
                                       seen["out"].enc_features, (64, 64))
     torch.testing.assert_close(out.pred_masks, layers[-1], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out.aux_outputs[0].pred_masks, layers[0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out.enc_outputs.pred_masks, encoder, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.aux_outputs[0].pred_masks.dense(), layers[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.enc_outputs.pred_masks.dense(), encoder, atol=1e-5, rtol=1e-5)
 
 
 def test_training_masks_are_factors_whose_group_zero_equals_eval(segmenter):
@@ -95,10 +118,10 @@ def test_training_masks_are_factors_whose_group_zero_equals_eval(segmenter):
     assert factors.spatial.shape == (2, 32, 16, 16) and factors.queries.shape == (2, 36, 32)
     assert factors.bias is segmenter.segmentation_head.bias
     with torch.no_grad():
-        evaluated = segmenter.eval()(pixels)
+        evaluated = segmenter.eval()(pixels, every_mask_layer=True)
     torch.testing.assert_close(factors.dense()[:, :12], evaluated.pred_masks, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(train.aux_outputs[0].pred_masks.dense()[:, :12],
-                               evaluated.aux_outputs[0].pred_masks, atol=1e-5, rtol=1e-5)
+                               evaluated.aux_outputs[0].pred_masks.dense(), atol=1e-5, rtol=1e-5)
 
 
 def test_every_head_parameter_gets_a_gradient_through_the_factors(segmenter):

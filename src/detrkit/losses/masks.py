@@ -16,7 +16,6 @@ from detrkit.structures import MaskFactors
 
 OVERSAMPLE = 3  # uniform candidates per kept point for importance sampling
 IMPORTANCE = 0.75  # share of the points taken from the most uncertain candidates
-LABEL_CHUNK_PIXELS = 1 << 25  # ground-truth pixels made float at once when sampling labels (128 MB)
 
 
 def point_sample(images: torch.Tensor, points: torch.Tensor, mode: str = "bilinear") -> torch.Tensor:
@@ -56,9 +55,19 @@ def mask_point_logits(pred_masks: torch.Tensor | MaskFactors, points: torch.Tens
     return point_sample(flat, points.expand(flat.shape[0], -1, -1)).view(batch, queries, -1)
 
 
-def target_point_labels(target_masks: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-    """Nearest-pixel values of (N, H, W) masks at their own points (N, P, 2) -> (N, P) floats."""
-    return point_sample(target_masks[:, None].to(points.dtype), points, mode="nearest")[:, 0]
+def target_point_labels(target_masks: torch.Tensor, points: torch.Tensor,
+                        rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Nearest-pixel values of (T, H, W) masks at points (N, P, 2) -> (N, P) floats, mask
+    rows[n] (default n) at points[n]. The same pixels as grid_sample's nearest mode with border
+    padding and align_corners=False (the same float arithmetic, rounding half to even), read by
+    indexing: no float copy of any mask is made."""
+    height, width = target_masks.shape[-2:]
+    grid = 2.0 * points - 1.0
+    x = (((grid[..., 0] + 1) * width - 1) / 2).clamp(0, width - 1).round().long()
+    y = (((grid[..., 1] + 1) * height - 1) / 2).clamp(0, height - 1).round().long()
+    if rows is None:
+        rows = torch.arange(len(points), device=points.device)
+    return target_masks[rows[:, None], y, x].to(points.dtype)
 
 
 def pairwise_mask_costs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,18 +85,23 @@ def pairwise_mask_costs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[tor
 def matched_mask_logits(pred_masks: torch.Tensor | MaskFactors, matched_query: torch.Tensor,
                         counts: list[int]) -> torch.Tensor:
     """Dense (M, h, w) logits of the matched queries only; matched_query (M,) flat = image * Q +
-    query, grouped by image, `counts` pairs per image. Factored masks are multiplied out one
-    image at a time, so no (B, Q, h, w) tensor is ever made."""
+    query, grouped by image, `counts` pairs per image. Factored masks are multiplied out for the
+    matched queries of all images in one batched product (each image's rows padded to the most
+    matches), so no (B, Q, h, w) tensor is made and the backward writes the pixel features'
+    gradient once, not once per image."""
     if not isinstance(pred_masks, MaskFactors):
         return pred_masks.flatten(0, 1)[matched_query]
-    queries = pred_masks.queries.shape[1]
-    per_image, start = [], 0
-    for image, count in enumerate(counts):
-        if count:
-            chosen = pred_masks.queries[image][matched_query[start:start + count] - image * queries]  # (n, D)
-            per_image.append(torch.einsum("dhw,nd->nhw", pred_masks.spatial[image], chosen) + pred_masks.bias)
-        start += count
-    return torch.cat(per_image)
+    spatial, queries = pred_masks.spatial, pred_masks.queries
+    (batch, num_queries, dim), (height, width) = queries.shape, spatial.shape[-2:]
+    device = matched_query.device
+    image = torch.repeat_interleave(torch.arange(batch, device=device), torch.tensor(counts, device=device))
+    starts = torch.tensor([0, *counts[:-1]], device=device).cumsum(0)
+    slot = torch.arange(len(matched_query), device=device) - starts[image]
+    rows = matched_query.new_zeros(batch, max(counts))  # padding rows take query 0; they are dropped below
+    rows[image, slot] = matched_query - image * num_queries
+    chosen = queries.gather(1, rows[..., None].expand(-1, -1, dim))  # (B, n, D)
+    logits = torch.bmm(chosen, spatial.flatten(2))  # (B, n, h*w)
+    return logits[image, slot].view(-1, height, width) + pred_masks.bias
 
 
 @torch.no_grad()
@@ -102,17 +116,6 @@ def uncertain_points(mask_logits: torch.Tensor, num_points: int) -> torch.Tensor
     points = candidates.gather(1, chosen[..., None].expand(-1, -1, 2))
     fresh = torch.rand(matched, num_points - kept, 2, device=mask_logits.device)
     return torch.cat([points, fresh], dim=1)
-
-
-@torch.no_grad()
-def matched_point_labels(target_masks: torch.Tensor, matched_target: torch.Tensor, points: torch.Tensor,
-                         chunk_pixels: int = LABEL_CHUNK_PIXELS) -> torch.Tensor:
-    """Labels (M, P) of the matched targets (M,) into padded masks (T, H, W) at their points
-    (M, P, 2); at most `chunk_pixels` mask pixels are made float at a time."""
-    chunk = max(1, chunk_pixels // (target_masks.shape[-2] * target_masks.shape[-1]))
-    labels = [target_point_labels(target_masks[matched_target[start:start + chunk]], points[start:start + chunk])
-              for start in range(0, len(matched_target), chunk)]
-    return torch.cat(labels) if labels else points.new_zeros(0, points.shape[1])
 
 
 def mask_ce_loss(point_logits: torch.Tensor, labels: torch.Tensor, num_boxes: torch.Tensor) -> torch.Tensor:
@@ -143,5 +146,5 @@ def point_mask_losses(pred_masks: torch.Tensor | MaskFactors, matched_query: tor
     height, width = logits.shape[-2:]
     points = uncertain_points(logits, max(height, height * width // point_sample_ratio))
     point_logits = point_sample(logits[:, None], points)[:, 0]  # (M, P)
-    labels = matched_point_labels(target_masks, matched_target, points).to(point_logits.dtype)
+    labels = target_point_labels(target_masks, points, rows=matched_target).to(point_logits.dtype)
     return mask_ce_loss(point_logits, labels, num_boxes), mask_dice_loss(point_logits, labels, num_boxes)

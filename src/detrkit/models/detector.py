@@ -13,7 +13,8 @@ from detrkit.models.two_stage import Transformer, TransformerOutput, flatten_lev
 from detrkit.ops.boxes import apply_box_delta
 from detrkit.structures import DetectorOutput, MaskFactors
 
-Masks = torch.Tensor | MaskFactors | None  # dense logits in eval, factors while training, None without a head
+# dense logits (eval's final layer), factors (training, and eval's other layers when asked for), None
+Masks = torch.Tensor | MaskFactors | None
 
 
 class Detector(nn.Module):
@@ -56,8 +57,13 @@ class Detector(nn.Module):
         copies = self.transformer.enc_out_class_embed
         self.transformer.enc_out_class_embed = nn.ModuleList(resize_class_head(h, num_logits) for h in copies)
 
-    def forward(self, pixels: torch.Tensor, padding: torch.Tensor | None = None) -> DetectorOutput:
-        """pixels (B, C, H, W) normalised; padding (B, H, W) True on padded pixels, or None."""
+    def forward(self, pixels: torch.Tensor, padding: torch.Tensor | None = None,
+                every_mask_layer: bool | None = None) -> DetectorOutput:
+        """pixels (B, C, H, W) normalised; padding (B, H, W) True on padded pixels, or None.
+
+        every_mask_layer (segmentation models): masks for the auxiliary decoder layers and the
+        encoder proposals too, which only losses read. Default: while training. In eval the
+        final layer's masks are dense and the others, when asked for, factors."""
         groups = self.groups if self.training else 1
         rows = self.num_queries * groups
         features = self.backbone[0](pixels, padding)
@@ -67,7 +73,8 @@ class Detector(nn.Module):
         logits = self._with_keypoint_logits(self.class_embed(out.hidden), layer_keypoints)  # (layers, B, Q, C)
         enc_logits = self._with_keypoint_logits(out.enc_logits, enc_keypoints)
         boxes = apply_box_delta(self.bbox_embed(out.hidden), out.reference)  # (layers, B, Q, 4)
-        layer_masks, enc_masks = self._masks(features.levels[0], out, (pixels.shape[-2], pixels.shape[-1]))
+        every = self.training if every_mask_layer is None else every_mask_layer
+        layer_masks, enc_masks = self._masks(features.levels[0], out, (pixels.shape[-2], pixels.shape[-1]), every)
         keypoints = [None] * len(logits) if layer_keypoints is None else list(layer_keypoints)
         aux = [DetectorOutput(logits[i], boxes[i], pred_masks=layer_masks[i], pred_keypoints=keypoints[i])
                for i in range(len(logits) - 1)]
@@ -87,13 +94,14 @@ class Detector(nn.Module):
             return logits
         return logits + keypoint_class_logits(keypoints, self._kp_active_mask, logits.shape[-1])
 
-    def _masks(self, level: torch.Tensor, out: TransformerOutput, image_size: tuple[int, int]
+    def _masks(self, level: torch.Tensor, out: TransformerOutput, image_size: tuple[int, int], every_layer: bool
                ) -> tuple[list[Masks], Masks]:
-        """Mask logits per decoder layer and for the encoder proposals: dense in eval, factored
-        while training (losses sample them); Nones without a segmentation head."""
+        """Mask logits per decoder layer and for the encoder proposals: factored while training
+        (losses sample them); in eval the final layer's dense. Nones where not asked for or
+        without a segmentation head."""
         if self.segmentation_head is None:
             return [None] * len(out.hidden), None
-        layers, encoder = self.segmentation_head(level, out.hidden, out.enc_features, image_size)
-        if self.training:
-            return layers, encoder
-        return [factors.dense() for factors in layers], encoder.dense()
+        layers, encoder = self.segmentation_head(level, out.hidden, out.enc_features, image_size, every_layer)
+        if not self.training:
+            layers[-1] = layers[-1].dense()
+        return layers, encoder

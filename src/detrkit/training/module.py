@@ -183,8 +183,10 @@ class RFDETRModelModule(pl.LightningModule):
         truth = [_pixel_boxes(t) for t in batch.targets]
         tracks = self.evaluation_tracks(stage)
         for prefix, detector in tracks.items():
-            outputs = detector(batch.pixels, batch.padding)
-            if self._loss_stage == stage and prefix == ("" if "" in tracks else "ema_"):  # what {stage}/* report
+            with_loss = self._loss_stage == stage and prefix == ("" if "" in tracks else "ema_")  # {stage}/* report
+            # masks of the auxiliary layers and proposals only where the loss reads them
+            outputs = detector(batch.pixels, batch.padding, every_mask_layer=with_loss)
+            if with_loss:
                 with torch.autocast(self.device.type, enabled=False):  # matching and losses in fp32
                     loss = self.criterion(outputs, batch.targets, groups=1, image_size=batch.pixels.shape[-2:]).total
                 self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(batch))
