@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Median predict() latency of a detrkit model on one image, optionally beside the reference.
+"""Median predict() latency of a detrkit model on one image, its exported files, optionally beside the reference.
 
-    python benchmarks/predict.py --model nano --threads 2 --runs 7 --rounds 3 \
+    python benchmarks/predict.py --model nano --threads 2 --runs 7 --rounds 3 [--runtimes onnx openvino] \
         [--reference-python /path/to/ref/venv/bin/python] [--out result.json]
+
+--runtimes exports the same model (model.export, with its accuracy check) to each format and times
+detrkit.export.load_exported(file, threads).predict() on the same image, in the same rounds.
 
 Both implementations get random weights and the same deterministic 640x480 RGB image. With a
 reference interpreter, rounds alternate between detrkit (in this process) and the reference
@@ -39,6 +42,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=640)
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--reference-python", help="interpreter with the reference rfdetr installed")
+    parser.add_argument("--runtimes", nargs="*", choices=["onnx", "openvino"], default=[],
+                        help="also time exported files on these runtimes")
     parser.add_argument("--out", type=Path, help="also write the JSON result here")
     return parser.parse_args()
 
@@ -85,6 +90,19 @@ def forward_gflops(model) -> float:
     return counter.get_total_flops() / 1e9
 
 
+def exported_models(model, runtimes: list[str], threads: int) -> dict:
+    """The model exported to each runtime's format (in a scratch folder), loaded with `threads`."""
+    import tempfile
+
+    from detrkit.export import load_exported
+
+    loaded = {}
+    for name in runtimes:
+        folder = tempfile.mkdtemp(prefix=f"predict-bench-{name}-")
+        loaded[name] = load_exported(model.export(name, folder), threads=threads)
+    return loaded
+
+
 def main() -> int:
     args = parse_args()
     torch.set_num_threads(args.threads)
@@ -93,9 +111,13 @@ def main() -> int:
 
     model = VARIANTS[args.model](pretrain_weights=None, device="cpu")
     image = test_image(args.width, args.height)
+    exported = exported_models(model, args.runtimes, args.threads)
     ours, reference = [], []
+    runtime_times: dict[str, list[float]] = {name: [] for name in exported}
     for _ in range(args.rounds):
         ours += time_calls(lambda: model.predict(image, threshold=0.5), args.runs, args.warmup)
+        for name, runtime in exported.items():
+            runtime_times[name] += time_calls(lambda: runtime.predict(image, threshold=0.5), args.runs, args.warmup)
         if args.reference_python:
             reference += reference_round(args)
     result = {"model": args.model, "threads": args.threads, "image": [args.height, args.width],
@@ -104,10 +126,17 @@ def main() -> int:
     gflops, rate = forward_gflops(model), gemm_rate(args.threads)
     result.update(forward_gflop=gflops, gemm_gflop_per_s=rate, floor_s=gflops / rate,
                   fraction_of_floor=(gflops / rate) / result["detrkit_median_s"])
+    for name, times in runtime_times.items():
+        median = statistics.median(times)
+        result[name] = {"median_s": median, "min_s": min(times), "runs": times,
+                        "fraction_of_floor": (gflops / rate) / median, "speedup_over_pytorch":
+                        result["detrkit_median_s"] / median}
     if reference:
         result.update(reference_median_s=statistics.median(reference), reference_min_s=min(reference),
                       reference_runs=reference,
                       speedup=statistics.median(reference) / result["detrkit_median_s"])
+        for name in runtime_times:
+            result[name]["speedup_over_reference"] = result["reference_median_s"] / result[name]["median_s"]
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

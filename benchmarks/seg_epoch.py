@@ -24,6 +24,13 @@ validation loop: forward, mask post-processing, box and mask mAP), a second vali
 fitted Trainer, and the RSS high-water marks (ru_maxrss) before the first step, after the last step and
 after validation.
 
+Learning. Each run keeps the mAP metrics of every in-fit validation (val/segm_mAP_50, the mask mAP@50 both
+packages log, val/segm_mAP_50_95 and the box val/mAP_50); "learning" pairs the runs of each seed and gives,
+after the last epoch, both means and the mean paired difference (detrkit - reference) with its standard
+error. The learning comparison of issue 20 is this benchmark with more images, epochs and repeats:
+
+    python benchmarks/seg_epoch.py --images 100 --valid-images 25 --epochs 2 --repeats 3 --out seg_learning.json
+
 Ratios are reference / detrkit for times (above 1: detrkit is faster) and detrkit / reference for memory
 (below 1: detrkit uses less), from the means over repeats. The JSON is rewritten after every run.
 """
@@ -177,6 +184,35 @@ def side_summary(runs: list[dict]) -> dict | None:
                                              if e["validation_s"] and e["step_s"])}
 
 
+LEARNING_KEYS = ("val/segm_mAP_50", "val/segm_mAP_50_95", "val/mAP_50")
+
+
+def learning(runs: dict[str, list[dict]]) -> dict:
+    """Per seed, both packages' in-fit validation metrics after each epoch, and per metric the mean paired
+    difference (detrkit - reference) after the last epoch with its standard error."""
+    def curves(run: dict) -> dict[str, list]:
+        return {key: [(e.get("metrics") or {}).get(key) for e in run["epochs"]] for key in LEARNING_KEYS}
+
+    by_seed: dict[int, dict] = {}
+    for package in ("detrkit", "rfdetr"):
+        for run in runs[package]:
+            if "error" not in run:
+                by_seed.setdefault(run["seed"], {})[package] = curves(run)
+    pairs = {seed: both for seed, both in sorted(by_seed.items()) if len(both) == 2}
+    summary = {}
+    for key in LEARNING_KEYS:
+        diffs = [both["detrkit"][key][-1] - both["rfdetr"][key][-1] for both in pairs.values()
+                 if both["detrkit"][key][-1] is not None and both["rfdetr"][key][-1] is not None]
+        if diffs:
+            summary[key] = {
+                "detrkit_mean": statistics.fmean(b["detrkit"][key][-1] for b in pairs.values()),
+                "reference_mean": statistics.fmean(b["rfdetr"][key][-1] for b in pairs.values()),
+                "mean_difference": statistics.fmean(diffs),
+                "standard_error": statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None,
+                "seeds": len(diffs)}
+    return {"per_seed": pairs, "last_epoch": summary}
+
+
 def ratios(ours: dict | None, theirs: dict | None) -> dict:
     if not ours or not theirs:
         return {}
@@ -229,7 +265,7 @@ def main() -> int:
         result = {"what": "issue 20: RFDETRSegNano epoch, validation and step memory, detrkit beside rfdetr 1.11.2",
                   "model": "RFDETRSegNano", "settings": settings, "cpu_count": os.cpu_count(),
                   "wall_s": time.time() - started, "detrkit": ours, "reference": theirs,
-                  "ratios": ratios(ours, theirs), "runs": runs}
+                  "ratios": ratios(ours, theirs), "learning": learning(runs), "runs": runs}
         text = json.dumps(result, indent=1)
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,8 @@ callback to the Trainer that train() builds and to keep that Trainer; after trai
 validates the trained module once more (`trainer.validate`: forward, mask post-processing, COCO box and mask
 mAP), a validation-only pass outside fit.
 
-Memory is the process's resident-set high-water mark (getrusage ru_maxrss, the main process only: use
+The mAP metrics logged by each in-fit validation are kept with its epoch (what the learning comparison of
+benchmarks/seg_epoch.py reads). Memory is the process's resident-set high-water mark (getrusage ru_maxrss, the main process only: use
 --workers 0 to keep data loading in it) read at the callback's marks, with the current RSS beside it.
 Prints one JSON line on stdout.
 """
@@ -39,6 +40,11 @@ def rss_mib() -> dict[str, float]:
         pages = int(stream.read().split()[1])
     return {"rss_mib": pages * os.sysconf("SC_PAGE_SIZE") / MIB,
             "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def map_metrics(metrics) -> dict[str, float]:
+    """The mAP entries of a metrics dict (both packages name them `...mAP...` or `...map...`) as floats."""
+    return {key: float(value) for key, value in metrics.items() if "mAP" in key or "map" in key}
 
 
 def make_clock():
@@ -67,7 +73,8 @@ def make_clock():
             self.mark("sanity_start" if trainer.sanity_checking else "validation_start", trainer)
 
         def on_validation_end(self, trainer, module) -> None:
-            self.mark("sanity_end" if trainer.sanity_checking else "validation_end", trainer)
+            self.mark("sanity_end" if trainer.sanity_checking else "validation_end", trainer,
+                      metrics=map_metrics(trainer.callback_metrics))
 
         def on_train_epoch_end(self, trainer, module) -> None:
             self.mark("train_epoch_end", trainer)
@@ -115,7 +122,8 @@ def phases(marks: list[dict], start: float) -> dict:
             "rss_at_epoch_start_mib": begin["rss_mib"], "max_rss_at_epoch_start_mib": begin["max_rss_mib"],
             "max_rss_after_steps_mib": steps[-1]["max_rss_mib"] if steps else None,
             "rss_after_steps_mib": steps[-1]["rss_mib"] if steps else None,
-            "max_rss_after_validation_mib": val_end["max_rss_mib"] if val_end else None})
+            "max_rss_after_validation_mib": val_end["max_rss_mib"] if val_end else None,
+            "metrics": val_end.get("metrics") if val_end else None})
     sanity = [(e["t"] - s["t"]) for s, e in zip(times("sanity_start"), times("sanity_end"))]
     return {"epochs": epochs, "sanity_validation_s": sanity,
             "marks": [{**m, "t": round(m["t"] - start, 3)} for m in marks]}
@@ -174,8 +182,7 @@ def main() -> int:
         result["revalidate_s"] = time.perf_counter() - begin
         inner = [m["t"] for m in clock.marks if m["event"] in ("validation_start", "validation_end")]
         result["revalidate_loop_s"] = inner[1] - inner[0] if len(inner) == 2 else None
-        result["revalidate_metrics"] = {k: float(v) for k, v in (metrics[0] if metrics else {}).items()
-                                        if "mAP" in k or "map" in k}
+        result["revalidate_metrics"] = map_metrics(metrics[0] if metrics else {})
         memory["after_revalidate"] = rss_mib()
     result["memory"] = memory
     sys.stdout = real_stdout

@@ -1,4 +1,4 @@
-"""The `detrkit` command line: the demo, training on a folder, and prediction on an image."""
+"""The `detrkit` command line: the demo, training on a folder, prediction on an image, and export."""
 
 from __future__ import annotations
 
@@ -41,7 +41,28 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     predict.add_argument("--save-image", type=Path, default=Path("predictions.png"),
                          help="where to write the drawing (default predictions.png)")
+    _add_export_parser(commands)
     return parser
+
+
+def _add_export_parser(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser(
+        "export", help="export a checkpoint to ONNX or OpenVINO and check the file's accuracy",
+        description="Rebuild the model saved in CHECKPOINT, export it, and compare the exported file with the "
+                    "PyTorch model (on --dataset's validation images, else on fixed synthetic images); an export "
+                    "that fails the check is not written. The table is printed and saved as <file>.check.json.")
+    export.add_argument("--checkpoint", required=True, type=Path, help="a .pth file written by train()")
+    export.add_argument("--format", choices=("onnx", "openvino"), default="onnx")
+    export.add_argument("--output", type=Path, default=Path("output"), help="folder (default ./output)")
+    export.add_argument("--batch-size", type=_export_batch, default=1, help="a fixed batch size or 'dynamic' (default 1)")
+    export.add_argument("--opset", type=int, help="ONNX opset (default 17; at least 16)")
+    export.add_argument("--half", action="store_true", help="fp16 network (post-processing stays fp32)")
+    export.add_argument("--raw", action="store_true", help="export the heads' raw outputs, no post-processing")
+    export.add_argument("--no-simplify", action="store_true", help="skip onnxslim")
+    export.add_argument("--dataset", type=Path, help="check on this data set's validation split (adds mAP)")
+    export.add_argument("--no-check", action="store_true", help="skip the accuracy check")
+    export.add_argument("--quantize", choices=("int8",), help="ONNX int8 (onnxruntime static quantization, "
+                        "calibrated on --dataset's training images)")
 
 
 def _add_train_parser(commands: argparse._SubParsersAction) -> None:
@@ -80,6 +101,15 @@ def _batch_size(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}") from None
 
 
+def _export_batch(text: str) -> int | str:
+    if text == "dynamic":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'dynamic', got {text!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "demo":
@@ -89,7 +119,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "train":
         return _train(args)
+    if args.command == "export":
+        return _export(args)
     return _predict(args)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from detrkit.detr import from_checkpoint
+
+    model = from_checkpoint(args.checkpoint, device="cpu")
+    path = model.export(args.format, args.output, batch_size=args.batch_size, opset=args.opset, half=args.half, raw=args.raw,
+                        simplify=not args.no_simplify, check=not args.no_check, dataset_dir=args.dataset,
+                        quantize=args.quantize)
+    print(f"exported to {path}")
+    return 0
 
 
 def _train(args: argparse.Namespace) -> int:

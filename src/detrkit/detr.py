@@ -5,32 +5,27 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from pathlib import Path
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
 from detrkit.config import ModelConfig, TrainConfig
-from detrkit.datasets.coco_categories import COCO_CATEGORIES
-from detrkit.datasets.images import BatchPreparer, ImageInput, to_source_image, to_tensor
-from detrkit.datasets.sources import open_source
-from detrkit.key_points import as_key_points
+from detrkit.datasets.images import BatchPreparer
 from detrkit.models.build import build_model
+from detrkit.models.deploy_graph import DeployGraph
 from detrkit.models.download import resolve_weights
-from detrkit.models.postprocess import detections_above, keypoint_pixel_covariance, select_detections
 from detrkit.models.weights import load_weights, read_checkpoint, reset_keypoint_precision
-
-if TYPE_CHECKING:
-    import supervision as sv
+from detrkit.predictor import Predictor
 
 logger = logging.getLogger(__name__)
 
 _INFERENCE_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-class RFDETR:
+class RFDETR(Predictor):
     """A detector with its config. `RFDETRNano(...)` and friends are presets of this class.
 
     Keyword arguments are ModelConfig fields; unknown ones raise pydantic's ValidationError.
@@ -61,97 +56,84 @@ class RFDETR:
     def device(self) -> torch.device:
         return torch.device(self.model_config.device)
 
-    def predict(self, images: ImageInput | Sequence[ImageInput] | Iterator[ImageInput], threshold: float = 0.5,
-                shape: tuple[int, int] | None = None, *, batch: int | None = None, stream: bool = False,
-                vid_stride: int = 1, include_source_image: bool = True,
-                ) -> sv.Detections | sv.KeyPoints | list[sv.Detections | sv.KeyPoints] | Iterator:
-        """Detect objects; one `supervision.Detections` (keypoint models: `KeyPoints`) per image or frame.
+    @property
+    def num_classes(self) -> int:
+        return self.model.num_classes
 
-        Sources: an image (path, PIL image, HWC uint8 RGB array, CHW tensor: uint8 or float in
-        [0, 1]) gives one Detections; a directory (its images, by name), a glob ("imgs/*.jpg"), a
-        video file, a list or tuple of any of these, or an iterator of images give a list.
-        Keywords: `threshold` (strict); `shape` (H, W) to resize to (default: the resolution);
-        `batch` images per forward pass (default: a list of images at once, anything else one
-        at a time); `stream=True` returns a generator that reads each image only when its batch
-        is due; `vid_stride=N` keeps every N-th video frame; `include_source_image` stores the
-        HWC uint8 image in `detections.metadata["source_image"]`. Missing paths raise at once.
-        Segmentation models fill `detections.mask`: (N, H, W) bool in the source image's pixels.
-        Keypoint models return `supervision.KeyPoints`, as rfdetr does: `xy` (N, K, 2) in source
-        pixels, `keypoint_confidence` (N, K) σ(findable), `detection_confidence` (N,) the score the
-        threshold compares (fused with keypoint uncertainty, see postprocess_trace_alpha), `class_id`;
-        `data` holds the boxes as "xyxy" (N, 4), "covariance" (N, K, 2, 2) in pixels², the raw
-        "keypoint_precision_cholesky" (N, K, 3), "class_name", "source_shape" and, per row,
-        "source_image" (KeyPoints has no metadata). See key_points.as_key_points.
-        """
-        source = open_source(images, batch=batch, vid_stride=vid_stride)
-        preparer = self._preparer(shape)
-        results = (detections for chunk in source.batches()
-                   for detections in self._detect_batch(chunk, threshold, preparer, include_source_image))
-        if stream:
-            return results
-        return next(results) if source.single else list(results)
+    @property
+    def _channels(self) -> int:
+        return self.model_config.num_channels
 
-    def _detect_batch(self, images: list[ImageInput], threshold: float, preparer: BatchPreparer,
-                      include_source_image: bool) -> list[sv.Detections | sv.KeyPoints]:
-        """One forward pass over `images`, each resized by `preparer`."""
-        tensors = [to_tensor(image, self.model_config.num_channels) for image in images]
-        sizes = torch.tensor([t.shape[-2:] for t in tensors])
-        with torch.inference_mode():
-            self.model.eval()
-            with self._inference_autocast():
-                outputs = self.model(preparer(tensors))
-            config = self.model_config
-            results = select_detections(outputs, sizes.to(self.device), config.num_select,
-                                        config.num_keypoints_per_class, config.postprocess_trace_alpha)
-        return [self._to_detections(result, threshold, tuple(size.tolist()),
-                                    to_source_image(tensor) if include_source_image else None)
-                for result, size, tensor in zip(results, sizes, tensors)]
+    @property
+    def _block_size(self) -> int:
+        return self.model_config.block_size
+
+    @property
+    def _default_size(self) -> tuple[int, int]:
+        return (self.model_config.resolution,) * 2
+
+    @property
+    def _device(self) -> torch.device:
+        return self.device
+
+    def deploy_graph(self, raw: bool = False) -> DeployGraph:
+        """The detector with its post-processing (the config's num_select, keypoint schema and
+        trace alpha) as one module: what predict() runs and export() writes."""
+        config = self.model_config
+        return DeployGraph(self.model, config.num_select, config.num_keypoints_per_class,
+                           config.postprocess_trace_alpha, raw=raw)
+
+    def _run_graph(self, pixels: torch.Tensor, raw: bool = False) -> dict[str, torch.Tensor]:
+        """DeployGraph outputs by name, the network under the config's inference_dtype autocast."""
+        self.model.eval()
+        graph = self.deploy_graph(raw)
+        with self._inference_autocast():
+            return dict(zip(graph.names, graph(pixels)))
 
     def _inference_autocast(self) -> torch.autocast:
         """Autocast to the config's inference_dtype ("fp32": off); scores and boxes leave in fp32."""
         dtype = _INFERENCE_DTYPES[self.model_config.inference_dtype]
         return torch.autocast(self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
-    def _preparer(self, shape: tuple[int, int] | None) -> BatchPreparer:
-        size = tuple(shape) if shape else (self.model_config.resolution,) * 2
-        block = self.model_config.block_size
-        if len(size) != 2 or any(side <= 0 or side % block for side in size):
-            raise ValueError(f"shape={shape} must be two positive sides divisible by {block}")
-        if size not in self._preparers:
-            self._preparers[size] = BatchPreparer(size, self.model_config.num_channels, self.device)
-        return self._preparers[size]
+    def export(self, format: str = "onnx", output_dir: str | os.PathLike = "output", *,
+               batch_size: int | str = 1, opset: int | None = None, half: bool = False, simplify: bool = True,
+               raw: bool = False, check: bool = True, dataset_dir: str | os.PathLike | None = None,
+               threshold: float = 0.5, map_tolerance: float = 0.5, min_matched: float = 0.99,
+               check_images: int = 100, quantize: str | None = None, calibration_images: int = 32,
+               opset_version: int | None = None) -> Path:
+        """Export to `output_dir/inference_model.onnx` (format="onnx") or OpenVINO IR
+        `inference_model.xml` + `.bin` (format="openvino"), then check it; returns the file's path.
 
-    def _to_detections(self, result: dict[str, torch.Tensor], threshold: float, source_shape: tuple[int, int],
-                       source_image: np.ndarray | None = None) -> sv.Detections | sv.KeyPoints:
-        """Detections above `threshold`, with (N, H, W) bool masks at the source size for segmentation
-        models, as KeyPoints for keypoint models; the same dtypes whether empty or not."""
-        import supervision as sv  # heavy import, deferred so that `import detrkit` stays fast
+        The graph takes `pixels` (B, C, H, W) float32 normalised as predict() normalises (the
+        metadata says how) at the model's resolution and returns the post-processed top
+        num_select: `boxes` xyxy normalised to [0, 1], `scores`, `labels`, plus `masks` logits
+        (segmentation) or `keypoints` and `keypoint_precision_cholesky` (keypoint models); see
+        detrkit.models.deploy_graph. `raw=True` returns the heads' outputs (pred_logits, ...)
+        instead. `batch_size` is fixed or "dynamic"; `opset` (alias rfdetr's `opset_version`)
+        at least 16; `half` runs the network in fp16 (post-processing stays fp32); `simplify`
+        uses onnxslim when installed. Metadata (classes, resolution, variant, version,
+        normalisation, post-processing) is stored in the file.
 
-        kept = detections_above(result, threshold, source_shape)
-        class_id = kept["labels"].cpu().numpy().astype(np.int64, copy=False)
-        detections = sv.Detections(
-            xyxy=kept["boxes"].float().cpu().numpy().reshape(-1, 4),
-            confidence=kept["scores"].float().cpu().numpy(),
-            class_id=class_id, mask=kept["masks"].cpu().numpy() if "masks" in kept else None)
-        detections.data["class_name"] = np.array([self.class_name(int(c)) for c in class_id], dtype=object)
-        detections.data["source_shape"] = np.tile(np.array(source_shape, dtype=np.int64), (len(class_id), 1))
-        if source_image is not None:
-            detections.metadata["source_image"] = source_image
-        if "keypoints" in kept:
-            covariance = keypoint_pixel_covariance(kept["keypoint_precision_cholesky"].cpu().double(), source_shape)
-            return as_key_points(detections, kept, covariance, source_image)
-        return detections
+        The accuracy check runs the file beside this model on the first `check_images` images of
+        `dataset_dir`'s validation split (then also comparing box mAP), else on 8 fixed synthetic
+        images, prints a table and writes it to `<file>.check.json`. Fewer than `min_matched` of
+        the detections above `threshold` matched (IoU >= 0.9, same class), or a mAP drop above
+        `map_tolerance` points, raises ExportAccuracyError (the table also goes to
+        `<file>.failed-check.json`) and leaves output_dir without the file;
+        `check=False` skips the check. detrkit.export.load_exported(path).predict(...) runs the file.
 
-    def class_name(self, class_id: int) -> str:
-        """Name of a predicted class id: raw COCO ids for COCO-pretrained heads, else an index
-        into class_names, whose extra last slot is the background."""
-        num_classes, names = self.model.num_classes, self.class_names
-        coco_head = num_classes == 90 and (names is None or set(names) == set(COCO_CATEGORIES.values()))
-        if coco_head:
-            return COCO_CATEGORIES.get(class_id, str(class_id))
-        if class_id == num_classes:
-            return "__background__"
-        return names[class_id] if names is not None and class_id < len(names) else str(class_id)
+        `quantize="int8"` (ONNX only) writes an onnxruntime static-quantized file (int8 weights per
+        channel, uint8 activations calibrated on the first `calibration_images` training images of
+        `dataset_dir`, or synthetic shapes without one), which goes through the same check.
+        """
+        from detrkit.export.onnx import DEFAULT_OPSET
+        from detrkit.export.writer import export_model
+
+        if opset is not None and opset_version is not None and opset != opset_version:
+            raise ValueError(f"opset={opset} and opset_version={opset_version} disagree; pass one")
+        chosen = opset if opset is not None else opset_version if opset_version is not None else DEFAULT_OPSET
+        return export_model(self, format, output_dir, batch_size, chosen, half, simplify, raw, check, dataset_dir,
+                            threshold, map_tolerance, min_matched, check_images, quantize, calibration_images)
 
     def get_train_config(self, **kwargs: Any) -> TrainConfig:
         """The TrainConfig that train(**kwargs) would use (Lightning Trainer arguments aside)."""

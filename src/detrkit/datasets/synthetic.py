@@ -164,3 +164,10 @@ def shape_polygon(shape: str, box: tuple[int, int, int, int]) -> list[float]:
     else:
         points = np.array([(cx, y0), (x1, cy), (cx, y1), (x0, cy)])
     return [round(float(v), 2) for v in points.ravel()]
+
+
+def synthetic_images(count: int, size: tuple[int, int] = (640, 480), num_classes: int = 3,
+                     seed: int = 0) -> list[Image.Image]:
+    """`count` demo-style images of (width, height) `size`, the same for the same arguments (in memory)."""
+    rng = np.random.default_rng([seed, 41])
+    return [_draw_image(size, num_classes, (2, 6), rng)[0] for _ in range(count)]

@@ -13,6 +13,45 @@ from detrkit.ops.boxes import cxcywh_to_xyxy
 from detrkit.structures import DetectorOutput
 
 
+def ordered_topk(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest of (B, N) values and their indices, descending, equal values in index order
+    (also at the cut: of tied values, the lower indices make it).
+
+    torch.topk leaves both open, so eager code takes the head of a stable sort (N is at most a
+    few ten thousand); ONNX's TopK breaks ties by the lower index by definition, so an exported
+    graph uses it (export has no stable sort).
+    """
+    if torch.onnx.is_in_onnx_export():
+        return values.topk(k, dim=1)
+    scores, index = values.sort(dim=1, descending=True, stable=True)
+    return scores[:, :k], index[:, :k]
+
+
+def top_detections_batched(logits: torch.Tensor, boxes: torch.Tensor, image_sizes: torch.Tensor,
+                           num_select: int, masks: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """`top_detections` as batch-first tensors: "scores" (B, K), "labels" (B, K), "boxes"
+    (B, K, 4) and with masks "masks" (B, K, h, w); no loop over the batch (an exported graph
+    keeps its batch axis free)."""
+    _, queries, classes = logits.shape
+    probs = logits.sigmoid().flatten(1)  # (B, Q*C)
+    scores, index = ordered_topk(probs, min(num_select, queries * classes))
+    query = torch.div(index, classes, rounding_mode="floor")
+    xyxy = cxcywh_to_xyxy(boxes).gather(1, query[..., None].expand(-1, -1, 4))
+    height, width = image_sizes.to(xyxy.dtype).unbind(1)
+    scale = torch.stack((width, height, width, height), 1)[:, None]  # (B, 1, 4)
+    xyxy = torch.minimum((xyxy * scale).clamp(min=0), scale)
+    result = {"scores": scores, "labels": index % classes, "boxes": xyxy}
+    if masks is not None:
+        result["masks"] = masks.gather(1, query[..., None, None].expand(-1, -1, *masks.shape[-2:]))  # (B, K, h, w)
+    return result
+
+
+def unbatch(batched: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """Batch-first tensors by name -> one dict per image."""
+    count = len(next(iter(batched.values())))
+    return [{name: value[index] for name, value in batched.items()} for index in range(count)]
+
+
 def top_detections(logits: torch.Tensor, boxes: torch.Tensor, image_sizes: torch.Tensor,
                    num_select: int, masks: torch.Tensor | None = None) -> list[dict[str, torch.Tensor]]:
     """Best (query, class) pairs per image.
@@ -23,26 +62,7 @@ def top_detections(logits: torch.Tensor, boxes: torch.Tensor, image_sizes: torch
     With masks (B, Q, h, w) logits, also "masks" (K, h, w): the selected queries' logits, for
     masks_at_size to bring to an image size.
     """
-    batch, queries, classes = logits.shape
-    probs = logits.sigmoid().flatten(1)  # (B, Q*C)
-    keep = min(num_select, queries * classes)
-    # top-k, then ordered as a stable descending sort would: equal scores keep index order
-    scores, index = probs.topk(keep, dim=1)
-    index, by_index = index.sort(dim=1)
-    scores, by_score = scores.gather(1, by_index).sort(dim=1, descending=True, stable=True)
-    index = index.gather(1, by_score)
-    query = torch.div(index, classes, rounding_mode="floor")
-    xyxy = cxcywh_to_xyxy(boxes).gather(1, query[..., None].expand(-1, -1, 4))
-    height, width = image_sizes.to(xyxy.dtype).unbind(1)
-    scale = torch.stack((width, height, width, height), 1)[:, None]  # (B, 1, 4)
-    xyxy = torch.minimum((xyxy * scale).clamp(min=0), scale)
-    labels = index % classes
-    results = [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, xyxy)]
-    if masks is not None:
-        picked = masks.gather(1, query[..., None, None].expand(-1, -1, *masks.shape[-2:]))  # (B, K, h, w)
-        for result, image_masks in zip(results, picked):
-            result["masks"] = image_masks
-    return results
+    return unbatch(top_detections_batched(logits, boxes, image_sizes, num_select, masks))
 
 
 def masks_at_size(logits: torch.Tensor, valid: tuple[int, int], size: tuple[int, int],
@@ -77,6 +97,19 @@ def detections_above(result: dict[str, torch.Tensor], threshold: float,
     return kept
 
 
+def top_keypoint_detections_batched(logits: torch.Tensor, boxes: torch.Tensor, keypoints: torch.Tensor,
+                                    image_sizes: torch.Tensor, num_select: int,
+                                    num_keypoints_per_class: Sequence[int],
+                                    trace_alpha: float) -> dict[str, torch.Tensor]:
+    """`top_keypoint_detections` as batch-first tensors (see top_detections_batched)."""
+    # top_detections_batched gathers any per-query (B, Q, a, b) tensor handed to it as masks
+    result = top_detections_batched(logits, boxes, image_sizes, num_select, masks=keypoints)
+    picked = result.pop("masks")  # (B, K, slots, 8)
+    result["scores"], result["keypoints"], result["keypoint_precision_cholesky"] = keypoint_outputs(
+        picked, result["labels"], result["scores"], image_sizes, num_keypoints_per_class, trace_alpha)
+    return result
+
+
 def top_keypoint_detections(logits: torch.Tensor, boxes: torch.Tensor, keypoints: torch.Tensor,
                             image_sizes: torch.Tensor, num_select: int, num_keypoints_per_class: Sequence[int],
                             trace_alpha: float) -> list[dict[str, torch.Tensor]]:
@@ -86,18 +119,8 @@ def top_keypoint_detections(logits: torch.Tensor, boxes: torch.Tensor, keypoints
     image "keypoints" and "keypoint_precision_cholesky" (K, max keypoints, 3), and replaces
     "scores" by the fused ones (see keypoint_outputs); the order stays the selection's.
     """
-    # top_detections gathers any per-query (B, Q, a, b) tensor handed to it as masks
-    results = top_detections(logits, boxes, image_sizes, num_select, masks=keypoints)
-    if not results:
-        return results
-    picked = torch.stack([result.pop("masks") for result in results])  # (B, K, slots, 8)
-    labels = torch.stack([result["labels"] for result in results])
-    scores = torch.stack([result["scores"] for result in results])
-    scores, points, precision = keypoint_outputs(picked, labels, scores, image_sizes, num_keypoints_per_class,
-                                                 trace_alpha)
-    for result, *image in zip(results, scores, points, precision):
-        result["scores"], result["keypoints"], result["keypoint_precision_cholesky"] = image
-    return results
+    return unbatch(top_keypoint_detections_batched(logits, boxes, keypoints, image_sizes, num_select,
+                                                   num_keypoints_per_class, trace_alpha))
 
 
 def keypoint_outputs(keypoints: torch.Tensor, labels: torch.Tensor, scores: torch.Tensor, image_sizes: torch.Tensor,
@@ -128,8 +151,8 @@ def keypoint_outputs(keypoints: torch.Tensor, labels: torch.Tensor, scores: torc
     precision = torch.where(active[..., None], picked[..., 4:7], float("nan"))
     if trace_alpha > 0:
         fused = torch.sigmoid(scores.log() - trace_alpha * _log_mean_trace(picked, active))
-        below_one = torch.nextafter(torch.ones_like(fused), torch.zeros_like(fused))
-        scores = torch.where(is_keypoint_class, torch.minimum(fused, below_one), scores)
+        below_one = 1.0 - torch.finfo(fused.dtype).eps / 2  # the largest float below 1: nextafter(1, 0)
+        scores = torch.where(is_keypoint_class, fused.clamp(max=below_one), scores)
     return scores, points, precision
 
 
@@ -150,16 +173,23 @@ def _log_mean_trace(keypoints: torch.Tensor, active: torch.Tensor) -> torch.Tens
     return torch.where(active.any(-1), mean, 0.0)
 
 
+def select_detections_batched(outputs: DetectorOutput, image_sizes: torch.Tensor, num_select: int,
+                              num_keypoints_per_class: Sequence[int] = (),
+                              trace_alpha: float = 0.0) -> dict[str, torch.Tensor]:
+    """`top_keypoint_detections_batched` of outputs with keypoints, else `top_detections_batched`
+    (with the mask logits of outputs with masks); scores and boxes from fp32 logits and boxes."""
+    logits, boxes = outputs.pred_logits.float(), outputs.pred_boxes.float()
+    if outputs.pred_keypoints is not None:
+        return top_keypoint_detections_batched(logits, boxes, outputs.pred_keypoints.float(), image_sizes,
+                                               num_select, num_keypoints_per_class, trace_alpha)
+    return top_detections_batched(logits, boxes, image_sizes, num_select, masks=outputs.pred_masks)
+
+
 def select_detections(outputs: DetectorOutput, image_sizes: torch.Tensor, num_select: int,
                       num_keypoints_per_class: Sequence[int] = (),
                       trace_alpha: float = 0.0) -> list[dict[str, torch.Tensor]]:
-    """`top_keypoint_detections` of outputs with keypoints, else `top_detections` (with the mask
-    logits of outputs with masks); scores and boxes from fp32 logits and boxes."""
-    logits, boxes = outputs.pred_logits.float(), outputs.pred_boxes.float()
-    if outputs.pred_keypoints is not None:
-        return top_keypoint_detections(logits, boxes, outputs.pred_keypoints.float(), image_sizes, num_select,
-                                       num_keypoints_per_class, trace_alpha)
-    return top_detections(logits, boxes, image_sizes, num_select, masks=outputs.pred_masks)
+    """`select_detections_batched`, one dict per image."""
+    return unbatch(select_detections_batched(outputs, image_sizes, num_select, num_keypoints_per_class, trace_alpha))
 
 
 def keypoint_pixel_covariance(precision_cholesky: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:

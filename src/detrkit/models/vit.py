@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -37,7 +39,7 @@ class Embeddings(nn.Module):
     def patch_position_embeddings(self, rows: int, cols: int) -> torch.Tensor:
         """(rows * cols, C) position embeddings of the patch grid, resized bicubically if needed."""
         table = self.position_embeddings[0, 1:]
-        grid = round(table.shape[0] ** 0.5)
+        grid = math.isqrt(int(table.shape[0]))  # int(): traced shapes are tensors
         if (rows, cols) == (grid, grid):
             return table
         return self._resized_position_embeddings(rows, cols)
