@@ -61,8 +61,11 @@ def _add_export_parser(commands: argparse._SubParsersAction) -> None:
     export.add_argument("--no-simplify", action="store_true", help="skip onnxslim")
     export.add_argument("--dataset", type=Path, help="check on this data set's validation split (adds mAP)")
     export.add_argument("--no-check", action="store_true", help="skip the accuracy check")
-    export.add_argument("--quantize", choices=("int8",), help="ONNX int8 (onnxruntime static quantization, "
-                        "calibrated on --dataset's training images)")
+    export.add_argument("--quantize", choices=("int8",), help="int8 (ONNX: onnxruntime static quantization; "
+                        "OpenVINO: NNCF), calibrated on --dataset's training images")
+    export.add_argument("--sampling", choices=("grid_sample", "gather"), default="grid_sample",
+                        help="deformable attention as ONNX GridSample (default) or, for runtimes without it, "
+                             "as GatherElements")
 
 
 def _add_train_parser(commands: argparse._SubParsersAction) -> None:
@@ -130,7 +133,7 @@ def _export(args: argparse.Namespace) -> int:
     model = from_checkpoint(args.checkpoint, device="cpu")
     path = model.export(args.format, args.output, batch_size=args.batch_size, opset=args.opset, half=args.half, raw=args.raw,
                         simplify=not args.no_simplify, check=not args.no_check, dataset_dir=args.dataset,
-                        quantize=args.quantize)
+                        quantize=args.quantize, sampling=args.sampling)
     print(f"exported to {path}")
     return 0
 

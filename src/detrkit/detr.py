@@ -100,7 +100,7 @@ class RFDETR(Predictor):
                raw: bool = False, check: bool = True, dataset_dir: str | os.PathLike | None = None,
                threshold: float = 0.5, map_tolerance: float = 0.5, min_matched: float = 0.99,
                check_images: int = 100, quantize: str | None = None, calibration_images: int = 32,
-               opset_version: int | None = None) -> Path:
+               sampling: str = "grid_sample", opset_version: int | None = None) -> Path:
         """Export to `output_dir/inference_model.onnx` (format="onnx") or OpenVINO IR
         `inference_model.xml` + `.bin` (format="openvino"), then check it; returns the file's path.
 
@@ -122,9 +122,11 @@ class RFDETR(Predictor):
         `<file>.failed-check.json`) and leaves output_dir without the file;
         `check=False` skips the check. detrkit.export.load_exported(path).predict(...) runs the file.
 
-        `quantize="int8"` (ONNX only) writes an onnxruntime static-quantized file (int8 weights per
-        channel, uint8 activations calibrated on the first `calibration_images` training images of
-        `dataset_dir`, or synthetic shapes without one), which goes through the same check.
+        `quantize="int8"` writes an int8 file calibrated on the first `calibration_images` training
+        images of `dataset_dir` (or synthetic shapes without one): ONNX by onnxruntime's static
+        quantization (int8 weights per channel, uint8 activations), OpenVINO by NNCF. It goes
+        through the same check. `sampling="gather"` exports deformable attention with
+        GatherElements instead of GridSample, for runtimes that lack GridSample.
         """
         from detrkit.export.onnx import DEFAULT_OPSET
         from detrkit.export.writer import export_model
@@ -133,7 +135,8 @@ class RFDETR(Predictor):
             raise ValueError(f"opset={opset} and opset_version={opset_version} disagree; pass one")
         chosen = opset if opset is not None else opset_version if opset_version is not None else DEFAULT_OPSET
         return export_model(self, format, output_dir, batch_size, chosen, half, simplify, raw, check, dataset_dir,
-                            threshold, map_tolerance, min_matched, check_images, quantize, calibration_images)
+                            threshold, map_tolerance, min_matched, check_images, quantize, calibration_images,
+                            sampling)
 
     def get_train_config(self, **kwargs: Any) -> TrainConfig:
         """The TrainConfig that train(**kwargs) would use (Lightning Trainer arguments aside)."""

@@ -81,6 +81,17 @@ def test_openvino_file_predicts_as_the_pytorch_model(tiny_kwargs, tmp_path):
     assert_same_predictions(model.predict(images(), threshold=0.0), exported.predict(images(), threshold=0.0))
 
 
+def test_gather_sampling_exports_without_grid_sample_and_predicts_the_same(tiny_kwargs, tmp_path):
+    model = build("segment", tiny_kwargs)
+    path = model.export(output_dir=tmp_path, sampling="gather")
+    ops = {node.op_type for node in onnx.load(str(path)).graph.node}
+    assert "GridSample" not in ops and "GatherElements" in ops
+    assert {m.sampling for m in model.model.modules() if hasattr(m, "sampling")} == {"grid_sample"}  # untouched
+    exported = load_exported(path)
+    assert exported.metadata["sampling"] == "gather"
+    assert_same_predictions(model.predict(images(), threshold=0.0), exported.predict(images(), threshold=0.0))
+
+
 @pytest.mark.parametrize("batch_size", ["dynamic", 2])
 def test_batches_of_any_length_run_on_dynamic_and_fixed_batch_files(batch_size, tiny_kwargs, tmp_path):
     model = build("detect", tiny_kwargs)
@@ -198,6 +209,7 @@ def test_exported_top_k_keeps_ties_in_index_order(tmp_path):
     ({"batch_size": 0}, "batch_size=0"),
     ({"opset": 13}, "opset=13"),
     ({"opset": 17, "opset_version": 16}, "disagree"),
+    ({"sampling": "nearest"}, "sampling='nearest'"),
 ])
 def test_bad_export_arguments_are_refused_before_anything_is_written(kwargs, message, tiny_kwargs, tmp_path):
     with pytest.raises(ValueError, match=message):
@@ -248,7 +260,21 @@ def test_int8_export_quantizes_the_products_and_goes_through_the_check(tiny_kwar
     assert 0 < report.max_abs_diff["pred_logits"] < 10 and report.compared == 20  # int8 rounding shows
 
 
-@pytest.mark.parametrize("kwargs", [{"quantize": "int4"}, {"quantize": "int8", "format": "openvino"},
+def test_openvino_int8_export_is_quantized_by_nncf_and_goes_through_the_check(tiny_kwargs, tmp_path):
+    pytest.importorskip("nncf")
+    ov = pytest.importorskip("openvino")
+    data = make_synthetic_dataset(tmp_path / "data", num_train=3, num_valid=2, image_size=(64, 64), seed=0)
+    model = build("detect", {**tiny_kwargs, "num_classes": 3})
+    path = model.export("openvino", tmp_path / "out", quantize="int8", dataset_dir=data, check=False)
+    ops = {node.get_type_name() for node in ov.Core().read_model(str(path)).get_ops()}
+    assert "FakeQuantize" in ops and not (tmp_path / "out" / "inference_model.onnx").exists()
+    exported = load_exported(path)
+    assert exported.metadata["quantize"] == "int8"
+    report = check_export(model, exported, images(2))
+    assert 0 < report.max_abs_diff["pred_logits"] < 10 and report.compared == 20  # int8 rounding shows
+
+
+@pytest.mark.parametrize("kwargs", [{"quantize": "int4"}, {"quantize": "int8", "raw": True},
                                     {"quantize": "int8", "half": True}])
 def test_unsupported_quantization_is_refused(kwargs, tiny_kwargs, tmp_path):
     with pytest.raises(ValueError, match="quantize"):

@@ -1,10 +1,12 @@
-"""deformable_sample against a per-point bilinear twin written with explicit loops."""
+"""deformable_sample, with either sampler, against a per-point bilinear twin written with explicit loops."""
 
 import math
 
+import pytest
 import torch
+import torch.nn.functional as F
 
-from detrkit.ops.deformable import deformable_sample
+from detrkit.ops.deformable import SAMPLERS, deformable_sample, gather_bilinear
 
 
 def bilinear_zero_padded(image: torch.Tensor, x: float, y: float) -> torch.Tensor:
@@ -40,7 +42,8 @@ def slow_deformable(value, shapes, locations, weights):
     return out.reshape(batch, queries, heads * head_dim)
 
 
-def test_matches_per_point_twin_on_two_levels():
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+def test_matches_per_point_twin_on_two_levels(sampler):
     torch.manual_seed(0)
     shapes = [(5, 7), (3, 4)]
     value = torch.randn(2, sum(h * w for h, w in shapes), 3, 4)
@@ -48,7 +51,16 @@ def test_matches_per_point_twin_on_two_levels():
     locations = torch.rand(2, 6, 3, 2, 2, 2) * 1.4 - 0.2
     weights = torch.rand(2, 6, 3, 2, 2)
     weights = weights / weights.sum((-1, -2), keepdim=True)
-    fast = deformable_sample(value, shapes, locations, weights)
+    fast = deformable_sample(value, shapes, locations, weights, SAMPLERS[sampler])
     assert fast.shape == (2, 6, 12)
     torch.testing.assert_close(fast.double(), slow_deformable(value, shapes, locations, weights),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_gather_sampler_equals_grid_sample_inside_on_the_edges_and_outside():
+    torch.manual_seed(1)
+    image = torch.randn(3, 5, 6, 9)
+    grid = torch.rand(3, 7, 11, 2) * 2.6 - 1.3  # a third of the points fall outside [-1, 1]
+    grid[0, 0, :4] = torch.tensor([[-1.0, -1.0], [1.0, 1.0], [-1 - 1 / 9, 0.0], [1 + 1 / 9, 0.5]])  # borders
+    expected = F.grid_sample(image, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    torch.testing.assert_close(gather_bilinear(image, grid), expected, atol=1e-5, rtol=1e-5)  # float rounding

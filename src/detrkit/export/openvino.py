@@ -1,4 +1,4 @@
-"""Convert an exported ONNX file to OpenVINO IR (fp32 or fp16 weights) and run IR files on OpenVINO's CPU plugin."""
+"""Convert an exported ONNX file to OpenVINO IR (fp32, fp16 or NNCF int8) and run IR files on OpenVINO's CPU plugin."""
 
 from __future__ import annotations
 
@@ -12,12 +12,21 @@ import torch
 from detrkit.export.onnx import METADATA_KEY
 
 
-def convert_to_openvino(onnx_path: Path, xml_path: Path, metadata: dict[str, Any], half: bool = False) -> Path:
+def convert_to_openvino(onnx_path: Path, xml_path: Path, metadata: dict[str, Any], half: bool = False,
+                        calibration: list[torch.Tensor] | None = None) -> Path:
     """OpenVINO IR (`xml_path` and its .bin) of an ONNX file, with `metadata` as rt_info["detrkit"].
-    `half` stores the weights in fp16 (inference still computes in fp32, see OpenVinoRunner)."""
+    `half` stores the weights in fp16 (inference still computes in fp32, see OpenVinoRunner);
+    `calibration` (normalised batches) quantizes it to int8 with NNCF's post-training quantization
+    (transformer preset: int8 matmuls and convolutions, softmax and normalisation left in fp32)."""
     import openvino as ov
 
     model = ov.convert_model(str(onnx_path))
+    if calibration is not None:
+        import nncf
+
+        samples = nncf.Dataset([batch.numpy() for batch in calibration])
+        model = nncf.quantize(model, samples, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(calibration))
+        metadata = metadata | {"quantize": "int8"}
     model.set_rt_info(json.dumps(metadata), [METADATA_KEY])
     ov.save_model(model, str(xml_path), compress_to_fp16=half)
     return xml_path

@@ -14,7 +14,9 @@ from detrkit.datasets.images import IMAGENET_MEAN, IMAGENET_STD, read_image, to_
 from detrkit.datasets.synthetic import synthetic_images
 from detrkit.export.check import CheckReport, ExportAccuracyError, check_export
 from detrkit.export.onnx import DEFAULT_OPSET, export_onnx
+from detrkit.models.deform_attn import MSDeformAttn
 from detrkit.models.deploy_graph import DeployGraph
+from detrkit.ops.deformable import SAMPLERS
 from detrkit.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -29,7 +31,7 @@ def export_model(model, format: ExportFormat = "onnx", output_dir: str | Path = 
                  simplify: bool = True, raw: bool = False, check: bool = True, dataset_dir: str | Path | None = None,
                  threshold: float = 0.5, map_tolerance: float = 0.5, min_matched: float = 0.99,
                  check_images: int = 100, quantize: Literal["int8"] | None = None,
-                 calibration_images: int = 32) -> Path:
+                 calibration_images: int = 32, sampling: str = "grid_sample") -> Path:
     """Export an RFDETR `model` (see RFDETR.export for the arguments) and return the file's path.
 
     The file is built in a scratch folder, checked there, and moved into `output_dir` only when
@@ -45,9 +47,10 @@ def export_model(model, format: ExportFormat = "onnx", output_dir: str | Path = 
         raise ValueError(f"opset={opset}: deformable attention exports as GridSample, which needs opset 16 or later")
     if quantize not in (None, "int8"):
         raise ValueError(f"quantize={quantize!r}: detrkit quantizes to 'int8' (or None)")
-    if quantize and (format != "onnx" or half or raw):
-        raise ValueError("quantize='int8' works on post-processed fp32 ONNX exports only (format='onnx', "
-                         "half=False, raw=False); OpenVINO INT8 (NNCF) is not supported yet")
+    if quantize and (half or raw):
+        raise ValueError("quantize='int8' works on post-processed fp32 exports only (half=False, raw=False)")
+    if sampling not in SAMPLERS:
+        raise ValueError(f"sampling={sampling!r}: one of {sorted(SAMPLERS)}")
     images, truth = _check_set(model, dataset_dir, check_images) if check else ([], None)
     calibration = _calibration_set(model, dataset_dir, calibration_images, batch_size) if quantize else None
     output = Path(output_dir)
@@ -55,7 +58,7 @@ def export_model(model, format: ExportFormat = "onnx", output_dir: str | Path = 
     suffix = ".onnx" if format == "onnx" else ".xml"
     final = output / f"{FILE_STEM}{suffix}"
     with tempfile.TemporaryDirectory(prefix=".export-", dir=output) as scratch:
-        staged = _write(model, Path(scratch), format, batch_size, opset, half, simplify, raw, calibration)
+        staged = _write(model, Path(scratch), format, batch_size, opset, half, simplify, raw, calibration, sampling)
         if check:
             report = _check(model, staged, images, truth, threshold, map_tolerance, min_matched, raw, batch_size)
             print(f"export check of {final}:\n{report.table()}")
@@ -72,23 +75,26 @@ def export_model(model, format: ExportFormat = "onnx", output_dir: str | Path = 
 
 
 def _write(model, folder: Path, format: ExportFormat, batch_size, opset: int, half: bool, simplify: bool,
-           raw: bool, calibration: list[torch.Tensor] | None = None) -> Path:
-    """The exported file in `folder`; with `calibration` batches, the int8 ONNX file (the fp32 one
+           raw: bool, calibration: list[torch.Tensor] | None = None, sampling: str = "grid_sample") -> Path:
+    """The exported file in `folder`; with `calibration` batches, the int8 file (the fp32 ONNX one
     it comes from stays in `folder` under another name)."""
     config = model.model_config
     detector = model.model
-    if detector.class_embed.weight.device.type != "cpu":
-        detector = copy.deepcopy(detector).cpu()  # the user's model stays on its device
+    if detector.class_embed.weight.device.type != "cpu" or sampling != MSDeformAttn.sampling:
+        detector = copy.deepcopy(detector).cpu()  # the user's model stays as it is, on its device
+        for module in detector.modules():
+            if isinstance(module, MSDeformAttn):
+                module.sampling = sampling
     graph = DeployGraph(detector.eval(), config.num_select, config.num_keypoints_per_class,
                         config.postprocess_trace_alpha, raw=raw)
     size = (config.resolution, config.resolution)
     example = torch.zeros(1 if batch_size == "dynamic" else batch_size, config.num_channels, *size)
-    metadata = export_metadata(model, graph, size, batch_size, opset, half, format)
-    name = "fp32.onnx" if calibration is not None else f"{FILE_STEM}.onnx"
+    metadata = export_metadata(model, graph, size, batch_size, opset, half, format) | {"sampling": sampling}
+    name = "fp32.onnx" if calibration is not None and format == "onnx" else f"{FILE_STEM}.onnx"
     onnx_path = export_onnx(graph, folder / name, example, metadata,
                             dynamic_batch=batch_size == "dynamic", opset=opset, simplify=simplify,
                             half=half and format == "onnx")
-    if calibration is not None:
+    if calibration is not None and format == "onnx":
         from detrkit.export.quantize import quantize_onnx
 
         return quantize_onnx(onnx_path, folder / f"{FILE_STEM}.onnx", calibration, metadata)
@@ -96,7 +102,7 @@ def _write(model, folder: Path, format: ExportFormat, batch_size, opset: int, ha
         return onnx_path
     from detrkit.export.openvino import convert_to_openvino
 
-    return convert_to_openvino(onnx_path, folder / f"{FILE_STEM}.xml", metadata, half=half)
+    return convert_to_openvino(onnx_path, folder / f"{FILE_STEM}.xml", metadata, half=half, calibration=calibration)
 
 
 def export_metadata(model, graph: DeployGraph, size: tuple[int, int], batch_size, opset: int, half: bool,

@@ -7,11 +7,13 @@ import math
 import torch
 from torch import nn
 
-from detrkit.ops.deformable import deformable_sample
+from detrkit.ops.deformable import SAMPLERS, deformable_sample
 from detrkit.ops.linear import Linear
 
 
 class MSDeformAttn(nn.Module):
+    sampling = "grid_sample"  # a detrkit.ops.deformable.SAMPLERS name; export may choose "gather"
+
     def __init__(self, dim: int, levels: int, heads: int, points: int) -> None:
         super().__init__()
         self.levels, self.heads, self.points = levels, heads, points
@@ -53,4 +55,5 @@ class MSDeformAttn(nn.Module):
         ref_xy = reference[:, :, None, :, None, :2]
         ref_wh = reference[:, :, None, :, None, 2:]
         locations = ref_xy + offsets / self.points * ref_wh * 0.5
-        return self.output_proj(deformable_sample(value, shapes, locations, weights))
+        return self.output_proj(deformable_sample(value, shapes, locations, weights,
+                                                    SAMPLERS[self.sampling]))
