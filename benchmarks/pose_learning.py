@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Keypoint learning side by side (issue 21): RFDETRKeypointPreview from scratch with detrkit and with
+the reference, the same small model, data, epochs and seeds; keypoint AP (OKS) by epoch, paired.
+
+    python benchmarks/pose_learning.py --reference-python REF/bin/python [--seeds 0 1 2] [--epochs 10] \
+        [--train 64] [--valid 16] [--threads 2] [--out result.json]
+
+Data: detrkit's synthetic shapes with the four corners of each shape's box as visible COCO keypoints
+(`make_synthetic_dataset(keypoints=True)`, 3 classes x 4 keypoints), the demo's set. Model: the
+demo's small keypoint model (192 px, 2 decoder layers, 30 queries, 4 groups). Each package trains
+in its own process (`--side`, under its own interpreter; detrkit's from this checkout's src/), after
+seeding torch's global RNG with the seed, with the same train() keywords; the curves are read from
+each run's metrics.csv (validation of the EMA weights where the package logs both). The JSON holds
+both curves per seed and, per epoch, the mean paired difference (detrkit - reference) +- its SE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODEL = dict(pretrain_weights=None, resolution=192, positional_encoding_size=12, patch_size=16, num_windows=2,
+             dec_layers=2, num_queries=30, num_select=30, group_detr=4, num_keypoints_per_class=[4, 4, 4])
+TRAINING = dict(batch_size=4, lr=4e-4, lr_encoder=4e-4, multi_scale=False, num_workers=0, tensorboard=False,
+                warmup_epochs=0.0)
+METRICS = ("keypoint_map_50", "keypoint_map_50_95", "mAP_50")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--side", choices=["detrkit", "rfdetr"], help=argparse.SUPPRESS)
+    parser.add_argument("--dataset", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--output", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--reference-python")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--train", type=int, default=64)
+    parser.add_argument("--valid", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path)
+    return parser.parse_args()
+
+
+def train_side(args: argparse.Namespace) -> None:
+    """One package's run (in that package's interpreter)."""
+    import importlib
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
+    package = importlib.import_module(args.side)
+    torch.manual_seed(args.seed)  # both packages initialise the weights at construction
+    model = package.RFDETRKeypointPreview(**MODEL, device="cpu")
+    model.train(dataset_dir=str(args.dataset), output_dir=str(args.output), epochs=args.epochs, seed=args.seed,
+                **TRAINING)
+
+
+def curves(metrics_csv: Path) -> dict[str, list[float]]:
+    """Per epoch, the last non-empty value of each validation metric (EMA's where logged), for
+    CSV files with one row per epoch or several rows per epoch."""
+    by_epoch: dict[int, dict[str, float]] = {}
+    with metrics_csv.open() as stream:
+        for row in csv.DictReader(stream):
+            if not row.get("epoch"):
+                continue
+            values = by_epoch.setdefault(int(float(row["epoch"])), {})
+            values.update({key: float(value) for key, value in row.items() if key.startswith("val/") and value})
+    result: dict[str, list[float]] = {}
+    for name in METRICS:
+        for key in (f"val/ema_{name}", f"val/{name}"):
+            if all(key in values for values in by_epoch.values()):
+                result[name] = [by_epoch[epoch][key] for epoch in sorted(by_epoch)]
+                break
+    return result
+
+
+def run_side(python: str, side: str, dataset: Path, output: Path, args: argparse.Namespace, seed: int) -> dict:
+    env = dict(os.environ)
+    if side == "detrkit":
+        env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
+    command = [python, str(Path(__file__).resolve()), "--side", side, "--dataset", str(dataset), "--output",
+               str(output), "--epochs", str(args.epochs), "--threads", str(args.threads), "--seed", str(seed)]
+    start = time.perf_counter()
+    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return {"seconds": time.perf_counter() - start, **curves(output / "metrics.csv")}
+
+
+def paired(runs: list[dict], name: str) -> list[dict]:
+    """Per epoch: mean detrkit - reference difference and its standard error over the seeds."""
+    rows = []
+    for epoch in range(len(runs[0]["detrkit"][name])):
+        diffs = [run["detrkit"][name][epoch] - run["rfdetr"][name][epoch] for run in runs]
+        se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None
+        rows.append({"epoch": epoch + 1, "mean_diff": statistics.mean(diffs), "se": se,
+                     "detrkit_mean": statistics.mean(run["detrkit"][name][epoch] for run in runs),
+                     "reference_mean": statistics.mean(run["rfdetr"][name][epoch] for run in runs)})
+    return rows
+
+
+def main() -> int:
+    args = parse_args()
+    if args.side:
+        train_side(args)
+        return 0
+    sys.path.insert(0, str(HERE.parent / "src"))
+    from detrkit.datasets.synthetic import make_synthetic_dataset
+
+    scratch = Path(tempfile.mkdtemp(prefix="pose-learning-"))
+    dataset = make_synthetic_dataset(scratch / "data", num_train=args.train, num_valid=args.valid, seed=0,
+                                     keypoints=True)
+    runs = []
+    for seed in args.seeds:
+        run = {"seed": seed}
+        for side, python in (("detrkit", sys.executable), ("rfdetr", args.reference_python)):
+            run[side] = run_side(python, side, dataset, scratch / f"{side}-{seed}", args, seed)
+        runs.append(run)
+        print(json.dumps(run), flush=True)
+    result = {"epochs": args.epochs, "train_images": args.train, "valid_images": args.valid, "model": MODEL,
+              "training": TRAINING, "runs": runs, "paired": {name: paired(runs, name) for name in METRICS
+                                                              if all(name in r["detrkit"] and name in r["rfdetr"]
+                                                                     for r in runs)}}
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
