@@ -108,6 +108,7 @@ class TrainConfig(StrictConfig):
     mosaic: float = Field(0.0, ge=0, le=1)  # probability that a training sample is a 2x2 mosaic
     mixup: float = Field(0.0, ge=0, le=1)  # probability that a training sample is blended with another
     close_mosaic_epochs: int = Field(0, ge=0)  # the last epochs train without mosaic and mixup
+    skip_bad_images: bool = False  # leave out missing, corrupt or wrongly sized images (with a warning), not fail
     num_workers: int | None = Field(None, ge=0)  # None: 2, or on CUDA one per CPU core up to 8
     pin_memory: bool | None = None  # None: on CUDA
     persistent_workers: bool | None = None  # None: when there are workers

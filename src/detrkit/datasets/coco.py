@@ -20,6 +20,7 @@ from detrkit.datasets.coco_keypoints import (
     keypoint_layout,
 )
 from detrkit.datasets.detection import DetectionDataset, ImageRecord, SampleTransform
+from detrkit.datasets.image_check import ImageScreen
 from detrkit.datasets.keypoint_schema import KeypointSchema
 
 ROBOFLOW_ANNOTATIONS = "_annotations.coco.json"
@@ -40,11 +41,13 @@ class CocoDetection(DetectionDataset):
     `masks`, every annotation's `segmentation` is checked and kept as compressed RLE. With
     `keypoints` (the model's num_keypoints_per_class; empty: as the data says), categories take
     the label slots of the keypoint schema and every annotation's keypoints are checked and kept;
-    other splits pass the first split's `categories` and `keypoint_schema` instead."""
+    other splits pass the first split's `categories` and `keypoint_schema` instead. A `screen`
+    checks the image files (a missing one is then its to report) and the bad ones are left out."""
 
     def __init__(self, annotation_file: str | os.PathLike, image_dir: str | os.PathLike,
                  transform: SampleTransform, categories: CategoryMap | None = None, masks: bool = False,
-                 keypoints: Sequence[int] | None = None, keypoint_schema: KeypointSchema | None = None) -> None:
+                 keypoints: Sequence[int] | None = None, keypoint_schema: KeypointSchema | None = None,
+                 screen: ImageScreen | None = None) -> None:
         annotation_file = Path(annotation_file)
         data = load_coco_json(annotation_file)
         self.categories = categories or category_map(data, annotation_file)
@@ -57,7 +60,7 @@ class CocoDetection(DetectionDataset):
             known = [c for c in self.categories.category_ids if c != UNUSED_SLOT]
             counts = {c: k.count for c, k in category_keypoints(data, annotation_file, known).items()}
         records = _read_records(data, annotation_file, Path(image_dir), self.categories, masks,
-                                (keypoint_schema.width, counts) if counts is not None else None)
+                                (keypoint_schema.width, counts) if counts is not None else None, screen)
         super().__init__(records, list(self.categories.names), transform,
                          dict(enumerate(self.categories.category_ids)), keypoint_schema)
 
@@ -97,22 +100,22 @@ def category_map(data: dict, path: Path) -> CategoryMap:
 
 
 def roboflow_splits(root: Path, train_transform: SampleTransform, eval_transform: SampleTransform,
-                    masks: bool = False, keypoints: Sequence[int] | None = None,
+                    masks: bool = False, keypoints: Sequence[int] | None = None, screen: ImageScreen | None = None,
                     ) -> tuple[CocoDetection, CocoDetection, CocoDetection | None]:
     """`root/{train,valid,test}/_annotations.coco.json` with images beside; test is optional."""
     train = CocoDetection(root / "train" / ROBOFLOW_ANNOTATIONS, root / "train", train_transform, None, masks,
-                          keypoints)
+                          keypoints, screen=screen)
 
     def split(name: str) -> CocoDetection:
         return CocoDetection(root / name / ROBOFLOW_ANNOTATIONS, root / name, eval_transform, train.categories,
-                             masks, keypoint_schema=train.keypoint_schema)
+                             masks, keypoint_schema=train.keypoint_schema, screen=screen)
 
     test = split("test") if (root / "test" / ROBOFLOW_ANNOTATIONS).exists() else None
     return train, split("valid"), test
 
 
 def coco2017_splits(root: Path, train_transform: SampleTransform, eval_transform: SampleTransform,
-                    masks: bool = False, keypoints: Sequence[int] | None = None,
+                    masks: bool = False, keypoints: Sequence[int] | None = None, screen: ImageScreen | None = None,
                     ) -> tuple[CocoDetection, CocoDetection, None]:
     """`root/annotations/instances_{train,val}2017.json` with images in `root/{train,val}2017`;
     keypoint models read `person_keypoints_{train,val}2017.json` instead."""
@@ -121,9 +124,10 @@ def coco2017_splits(root: Path, train_transform: SampleTransform, eval_transform
     def file(name: str) -> Path:
         return root / "annotations" / f"{prefix}_{COCO_SPLITS[name]}.json"
 
-    train = CocoDetection(file("train"), root / COCO_SPLITS["train"], train_transform, None, masks, keypoints)
+    train = CocoDetection(file("train"), root / COCO_SPLITS["train"], train_transform, None, masks, keypoints,
+                          screen=screen)
     valid = CocoDetection(file("valid"), root / COCO_SPLITS["valid"], eval_transform, train.categories, masks,
-                          keypoint_schema=train.keypoint_schema)
+                          keypoint_schema=train.keypoint_schema, screen=screen)
     return train, valid, None
 
 
@@ -131,9 +135,13 @@ Row = tuple[list[float], int, float, bool, "bytes | None", "np.ndarray | None"]
 
 
 def _read_records(data: dict, path: Path, image_dir: Path, categories: CategoryMap, masks: bool,
-                  keypoints: tuple[int, dict[int, int]] | None) -> list[ImageRecord]:
-    """The images' records; `keypoints` = (width, keypoint count per category id) reads them too."""
-    sizes, files = _index_images(data, path, image_dir)
+                  keypoints: tuple[int, dict[int, int]] | None, screen: ImageScreen | None) -> list[ImageRecord]:
+    """The images' records; `keypoints` = (width, keypoint count per category id) reads them too.
+    Images the `screen` finds bad get no record (their annotations are still checked)."""
+    sizes, files = _index_images(data, path, image_dir, require_files=screen is None)
+    if screen is not None:
+        bad = screen(path.parent, path.name, [(files[i], sizes[i]) for i in files])
+        files = {i: file for i, file in files.items() if file not in bad}
     label_of = {category_id: label for label, category_id in enumerate(categories.category_ids)}
     rows: dict[int, list[Row]] = defaultdict(list)
     degenerate = 0
@@ -179,8 +187,9 @@ def _warn_empty_masks(records: list[ImageRecord], path: Path) -> None:
     segments.warn_empty(empty, total, str(path))
 
 
-def _index_images(data: dict, path: Path, image_dir: Path) -> tuple[dict[int, tuple[int, int]], dict[int, Path]]:
-    """image id -> (H, W) and -> file; every listed file must exist."""
+def _index_images(data: dict, path: Path, image_dir: Path, require_files: bool = True,
+                  ) -> tuple[dict[int, tuple[int, int]], dict[int, Path]]:
+    """image id -> (H, W) and -> file; with `require_files`, every listed file must exist."""
     sizes, files = {}, {}
     for image in data["images"]:
         image_id = image.get("id") if isinstance(image, dict) else None
@@ -191,7 +200,7 @@ def _index_images(data: dict, path: Path, image_dir: Path) -> tuple[dict[int, tu
             raise ValueError(f"{path}: image {image_id} needs 'file_name' and positive integer "
                              f"'width' and 'height', got {name!r}, {width!r}, {height!r}")
         file = image_dir / name
-        if not os.path.exists(file):
+        if require_files and not os.path.exists(file):
             raise FileNotFoundError(f"image file {file} (image id {image_id} in {path}) does not exist")
         sizes[image_id], files[image_id] = (height, width), file
     return sizes, files

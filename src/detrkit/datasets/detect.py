@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from detrkit.config import DatasetFormat, ModelConfig, TrainConfig
 from detrkit.datasets import coco, yolo
 from detrkit.datasets.augmentation import build_augmentation
 from detrkit.datasets.detection import DetectionDataset
+from detrkit.datasets.image_check import ImageScreen
 from detrkit.datasets.keypoint_schema import KeypointFlip, KeypointSchema, resolve_flip
 from detrkit.datasets.transforms import build_eval_transform, sample_scales
 
@@ -56,7 +58,12 @@ def build_datasets(train_config: TrainConfig, model_config: ModelConfig, masks: 
     `masks` the segmentations, with `keypoints` the keypoints and the flip map a mirroring
     pipeline needs), with the training and evaluation transforms that the configs describe.
     `masks` defaults to the model having a segmentation head, `keypoints` to it having keypoint
-    heads; the keypoint schema is the model's num_keypoints_per_class, or the data's when empty."""
+    heads; the keypoint schema is the model's num_keypoints_per_class, or the data's when empty.
+
+    Every split's image files are checked too (datasets/image_check.py, with a progress bar on the
+    first process): a missing, unreadable or truncated file, or one whose size differs from its
+    annotations, raises one BadImagesError naming them, or with `skip_bad_images` is left out with
+    a warning."""
     if train_config.dataset_dir is None:
         raise ValueError("TrainConfig.dataset_dir is not set; it must name the data set folder")
     root = Path(train_config.dataset_dir)
@@ -71,8 +78,11 @@ def build_datasets(train_config: TrainConfig, model_config: ModelConfig, masks: 
     masks = model_config.segmentation_head if masks is None else masks
     keypoints = model_config.use_grouppose_keypoints if keypoints is None else keypoints
     counts = list(model_config.num_keypoints_per_class) if keypoints else None
+    progress = train_config.progress_bar is not None and int(os.environ.get("LOCAL_RANK", "0")) == 0
+    screen = ImageScreen(skip=train_config.skip_bad_images, progress=progress)
     train, valid, test = READERS[dataset_format](root, augmentation.train_transform(scales, square, jitter),
-                                                 eval_transform, masks, counts)
+                                                 eval_transform, masks, counts, screen)
+    screen.finish()
     flip = None
     if keypoints:
         flip = resolve_flip(train.keypoint_schema, train_config.keypoint_flip_pairs, augmentation.mirrors)

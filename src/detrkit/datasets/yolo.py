@@ -24,6 +24,7 @@ from detrkit.datasets.detection import (
     SampleTransform,
     header_size,
 )
+from detrkit.datasets.image_check import ImageScreen
 from detrkit.datasets.keypoint_schema import KeypointSchema
 from detrkit.datasets.yolo_pose import (
     PoseFormat,
@@ -338,11 +339,12 @@ def _parse_line(line: str, path: Path, number: int, num_classes: int,
 
 
 def yolo_splits(root: Path, train_transform: SampleTransform, eval_transform: SampleTransform,
-                masks: bool = False, keypoints: Sequence[int] | None = None,
+                masks: bool = False, keypoints: Sequence[int] | None = None, screen: ImageScreen | None = None,
                 ) -> tuple[YoloDetection, YoloDetection, YoloDetection | None]:
     """train and valid are required, test is optional. Every split's images are found (and
     every declared entry checked) before any label file is read. `keypoints` (the model's
-    num_keypoints_per_class; empty: as data.yaml says) reads a pose data set's keypoints."""
+    num_keypoints_per_class; empty: as data.yaml says) reads a pose data set's keypoints. A
+    `screen` checks every split's images (cached beside data.yaml) and the bad ones are left out."""
     yaml_file = find_yaml(root)
     if yaml_file is None:
         raise FileNotFoundError(f"no {' or '.join(YAML_FILES)} in YOLO data set {root}")
@@ -355,6 +357,11 @@ def yolo_splits(root: Path, train_transform: SampleTransform, eval_transform: Sa
         schema = pose_schema(config.pose, len(config.names), keypoints, yaml_file)
     images = {split: _required_split(config, split) for split in ("train", "valid")}
     images["test"] = _optional_split(config)
+    if screen is not None:
+        for name, listed in images.items():
+            if listed:
+                bad = screen(yaml_file.parent, name, [(image, None) for image in listed])
+                images[name] = [image for image in listed if image not in bad]
 
     def split(name: str, transform: SampleTransform) -> YoloDetection:
         return YoloDetection(images[name], config.names, transform, masks, config.pose, schema)
