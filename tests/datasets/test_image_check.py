@@ -269,3 +269,51 @@ def test_a_bad_image_stops_train_before_output_dir_gets_a_file(tmp_path, tiny_kw
 
 def test_skip_bad_images_is_off_by_default():
     assert TrainConfig(dataset_dir=None).skip_bad_images is False
+
+
+def test_an_image_that_breaks_after_the_check_is_named_when_read(tmp_path):
+    root = roboflow(tmp_path / "data")
+    splits = build(root)
+    (root / "train" / "0.jpg").unlink()
+    truncate(root / "train" / "1.jpg")
+    with pytest.raises(FileNotFoundError, match=f"{root / 'train' / '0.jpg'}.*image id 0.*skip_bad_images=True"):
+        splits.train[0]
+    with pytest.raises(ValueError, match=f"cannot decode image {root / 'train' / '1.jpg'}.*image id 1"):
+        splits.train[1]
+    assert splits.train[2][1].image_id == 2
+
+
+def test_skip_bad_images_stands_the_next_readable_image_in_for_one_that_broke(tmp_path):
+    root = roboflow(tmp_path / "data")
+    splits = build(root, skip_bad_images=True)
+    (root / "train" / "0.jpg").unlink()
+    truncate(root / "train" / "1.jpg")
+    with pytest.warns(UserWarning) as caught:
+        assert splits.train[0][1].image_id == 2
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2
+    assert messages[0].startswith(f"skip_bad_images=True: image file not found: {root / 'train' / '0.jpg'};")
+    assert messages[1].startswith(f"skip_bad_images=True: cannot decode image {root / 'train' / '1.jpg'}:")
+    truncate(root / "train" / "2.jpg")
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="none of the 3 images of this split can be read"):
+        splits.train[0]
+
+
+def test_training_goes_on_past_an_image_deleted_after_the_check(tmp_path, tiny_kwargs):
+    import pytorch_lightning as pl
+
+    from detrkit import RFDETRNano
+
+    root = roboflow(tmp_path / "data")
+    gone = root / "train" / "1.jpg"
+
+    class DeleteAtStart(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            gone.unlink()
+
+    output = tmp_path / "run"
+    with pytest.warns(UserWarning, match=f"skip_bad_images=True: image file not found: {gone}"):
+        RFDETRNano(**tiny_kwargs).train(dataset_dir=str(root), output_dir=str(output), epochs=1, batch_size=1,
+                                        num_workers=0, progress_bar=None, tensorboard=False, skip_bad_images=True,
+                                        callbacks=[DeleteAtStart()])
+    assert (output / "last.ckpt").is_file() and (output / "checkpoint_best_total.pth").is_file()

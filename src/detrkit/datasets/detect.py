@@ -83,6 +83,9 @@ def build_datasets(train_config: TrainConfig, model_config: ModelConfig, masks: 
     train, valid, test = READERS[dataset_format](root, augmentation.train_transform(scales, square, jitter),
                                                  eval_transform, masks, counts, screen)
     screen.finish()
+    for dataset in (train, valid, test):
+        if dataset is not None:  # an image that breaks after this check: skipped as well, when reading it
+            dataset.skip_unreadable = train_config.skip_bad_images
     flip = None
     if keypoints:
         flip = resolve_flip(train.keypoint_schema, train_config.keypoint_flip_pairs, augmentation.mirrors)

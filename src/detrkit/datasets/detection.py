@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +57,13 @@ class DetectionDataset(Dataset):
     in source pixels, for evaluation. Records with masks give samples with masks, decoded here
     for this sample only and transformed with their boxes; records with keypoints give samples
     with keypoints (`keypoint_schema` says their layout), likewise.
+
+    An image that cannot be read when its sample is asked for (deleted or cut after the up-front
+    check) raises an error naming it; with `skip_unreadable` (set from skip_bad_images) the next
+    readable image stands in for it, with a warning.
     """
+
+    skip_unreadable: bool = False
 
     def __init__(self, records: list[ImageRecord], class_names: list[str], transform: SampleTransform,
                  label_to_category_id: dict[int, int] | None = None,
@@ -72,8 +79,8 @@ class DetectionDataset(Dataset):
         return len(self.records)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, Target]:
-        record = self.records[index]
-        image = tv_tensors.Image(to_tensor(read_image(record.path)))
+        record, image = self._readable(index)
+        image = tv_tensors.Image(to_tensor(image))
         height, width = image.shape[-2:]
         keep = ~record.iscrowd
         scale = torch.tensor([width, height, width, height])
@@ -94,6 +101,20 @@ class DetectionDataset(Dataset):
         target.crowd_boxes = torch.from_numpy(record.boxes[record.iscrowd]) * scale
         target.crowd_labels = torch.from_numpy(record.labels[record.iscrowd])
         return pixels.as_subclass(torch.Tensor), target
+
+    def _readable(self, index: int) -> tuple[ImageRecord, Image.Image]:
+        """The record at `index` and its decoded image; with skip_unreadable, the first readable one from there."""
+        for offset in range(len(self.records)):
+            record = self.records[(index + offset) % len(self.records)]
+            try:
+                return record, read_image(record.path)
+            except (FileNotFoundError, ValueError) as error:
+                if not self.skip_unreadable:
+                    raise type(error)(f"{error} (image id {record.image_id}, read for its sample; skip_bad_images=True "
+                                      f"trains past images that break after the up-front check)") from error
+                warnings.warn(f"skip_bad_images=True: {error}; the next readable image stands in for it",
+                              stacklevel=2)
+        raise ValueError(f"none of the {len(self.records)} images of this split can be read any more")
 
     def coco_ground_truth(self) -> dict:
         """COCO-format {images, annotations, categories} in label space (category_id = label),
