@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import tempfile
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,8 @@ def load_cache(folder: Path, section: str) -> dict[str, ImageFacts]:
 
 def save_cache(folder: Path, section: str, facts: dict[str, ImageFacts]) -> Path | None:
     """Replace one section of the cache; returns the file written, or None where none could be."""
-    entries = {key: list(astuple(value)) for key, value in facts.items()}
+    entries = {key: [value.size, value.mtime_ns, value.width, value.height, value.problem]
+               for key, value in facts.items()}
     for path in cache_files(folder):
         sections = _read_sections(path) or {}
         sections[section] = entries
