@@ -26,6 +26,12 @@ from detrkit.structures import Target
 SampleTransform = Callable[[tv_tensors.Image, dict[str, Any]], tuple[torch.Tensor, dict[str, Any]]]
 
 
+class SampleLoadError(ValueError):
+    """One sample could not be read or transformed (its image deleted, truncated or unreadable, a
+    transform failing on it); the message names the sample's index, image id and file. Takes one
+    message, so that a DataLoader worker can re-raise it as itself in the main process."""
+
+
 @dataclass
 class ImageRecord:
     """One image's annotations as read from disk, crowd regions included.
@@ -73,6 +79,13 @@ class DetectionDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, Target]:
         record = self.records[index]
+        try:
+            return self._sample(record)
+        except Exception as error:  # in a loader worker too: the message travels, naming the sample
+            raise SampleLoadError(f"data set sample {index} (image id {record.image_id}, file {record.path}) "
+                                  f"failed to load: {type(error).__name__}: {error}") from error
+
+    def _sample(self, record: ImageRecord) -> tuple[torch.Tensor, Target]:
         image = tv_tensors.Image(to_tensor(read_image(record.path)))
         height, width = image.shape[-2:]
         keep = ~record.iscrowd

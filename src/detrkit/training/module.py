@@ -16,15 +16,25 @@ from detrkit.models.detector import Detector
 from detrkit.models.postprocess import top_detections, top_keypoint_detections
 from detrkit.ops.boxes import cxcywh_to_xyxy
 from detrkit.structures import Batch, Target
-from detrkit.training.accel.compile import compile_detector, compile_mode, compiled_box_cost
+from detrkit.training.accel.compile import (
+    compile_detector,
+    compile_mode,
+    compiled_box_cost,
+)
 from detrkit.training.accel.cuda_graphs import GraphedTrainingForward, graphed_forward
 from detrkit.training.accel.plan import AccelerationPlan
 from detrkit.training.accel.precision import fused_adamw_applies
 from detrkit.training.auto_batch import require_integer_batch
+from detrkit.training.callbacks.nonfinite import NonFiniteLossGuard
 from detrkit.training.checkpoints import run_metadata
 from detrkit.training.ema import ModelEMA
 from detrkit.training.evaluation import DetectionEvaluator, with_keypoints, with_masks
-from detrkit.training.manual_step import ManualAccumulation, require_data_parallel, step_schedulers, trains_manually
+from detrkit.training.manual_step import (
+    ManualAccumulation,
+    require_data_parallel,
+    step_schedulers,
+    trains_manually,
+)
 from detrkit.training.optim import build_optimizer, build_scheduler
 from detrkit.training.rng import restore_rng_states, rng_states
 
@@ -51,6 +61,7 @@ class RFDETRModelModule(pl.LightningModule):
         # keypoint training accumulates by hand, normalised by the window's box count (spec 7.7)
         self.manual_step = ManualAccumulation(train_config.grad_accum_steps) if trains_manually(train_config) else None
         self.automatic_optimization = self.manual_step is None
+        self.nonfinite = NonFiniteLossGuard(train_config.skip_nonfinite_steps)  # a callback (configure_callbacks)
         self.class_names = class_names
         # the RFDETR class checkpoints name, so that from_checkpoint() rebuilds the same preset
         self.model_name = model_name or type(model_config).__name__.removesuffix("Config")
@@ -82,6 +93,9 @@ class RFDETRModelModule(pl.LightningModule):
                        f"x {processes} process{'es' if processes > 1 else ''} = "
                        f"{config.batch_size * config.grad_accum_steps * processes} images per optimizer step")
 
+    def configure_callbacks(self) -> list[pl.Callback]:
+        return [self.nonfinite]
+
     def on_fit_end(self) -> None:
         self._train_forward = None  # frees the graphs' memory pools
 
@@ -99,12 +113,17 @@ class RFDETRModelModule(pl.LightningModule):
             batch = resize_batch(batch, batch_scale(self.global_step, self.train_scales))
         outputs = (self._train_forward or self.model)(batch.pixels, batch.padding)
         groups = self.model.groups if self.model.training else 1
+        def admit(loss: torch.Tensor) -> bool:
+            return self.nonfinite.admit(loss, batch, self.trainer, batch_idx)
+
         with torch.autocast(self.device.type, enabled=False):  # matching and losses in fp32
             if self.manual_step is not None:  # backward and optimizer step done here
                 losses = self.manual_step(self, self.criterion, outputs, batch.targets, groups,
-                                          batch.pixels.shape[-2:], batch_idx)
+                                          batch.pixels.shape[-2:], batch_idx, admit)
             else:
                 losses = self.criterion(outputs, batch.targets, groups=groups, image_size=batch.pixels.shape[-2:])
+                if not admit(losses.total):
+                    return None  # Lightning skips the backward and the optimizer step
         size, config = len(batch), self.train_config
         sync, on_step = config.train_log_sync_dist, config.train_log_on_step
         self.log("train/loss", losses.total, on_step=on_step, on_epoch=True, sync_dist=sync, batch_size=size)
