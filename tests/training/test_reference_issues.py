@@ -9,10 +9,10 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-import detrkit.training.checkpoints as checkpoints
 from detrkit import RFDETRNano
 from detrkit.datasets.synthetic import make_synthetic_dataset
 from detrkit.models.weights import CheckpointError
+from detrkit.training import checkpoints
 
 FAST = {"batch_size": 2, "num_workers": 0, "progress_bar": None, "tensorboard": False, "seed": 0,
         "checkpoint_interval": 1}

@@ -17,7 +17,14 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from detrkit.models.weights import _POSITION_KEY, _QUERY_KEYS, SAFE_CLASSES, Checkpoint, CheckpointError, read_checkpoint
+from detrkit.models.weights import (
+    _POSITION_KEY,
+    _QUERY_KEYS,
+    SAFE_CLASSES,
+    Checkpoint,
+    CheckpointError,
+    read_checkpoint,
+)
 
 
 @dataclass
