@@ -27,6 +27,7 @@ from detrkit.training.accel.precision import fused_adamw_applies
 from detrkit.training.auto_batch import require_integer_batch
 from detrkit.training.callbacks.nonfinite import NonFiniteLossGuard
 from detrkit.training.checkpoints import run_metadata
+from detrkit.training.datamodule import PaddingShare
 from detrkit.training.ema import ModelEMA
 from detrkit.training.evaluation import DetectionEvaluator, with_keypoints, with_masks
 from detrkit.training.manual_step import (
@@ -71,6 +72,7 @@ class RFDETRModelModule(pl.LightningModule):
                              if train_config.multi_scale == "per-batch" else None)
         self._evaluators: dict[str, DetectionEvaluator] = {}
         self._loss_stage: str | None = None  # "val" or "test" while that loss is logged (see _loss_wanted)
+        self._padding_only = False  # this process's evaluation batches only pad (see PaddingShare)
         # "val/", "val/ema_", "test/" -> COCOeval's twelve summary numbers of the last evaluation
         self.coco_stats: dict[str, list[float]] = {}
 
@@ -170,9 +172,11 @@ class RFDETRModelModule(pl.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self._loss_stage = "val" if self._loss_wanted("val") else None
+        self._padding_only = _padding_only(self.trainer.val_dataloaders)
 
     def on_test_epoch_start(self) -> None:
         self._loss_stage = "test" if self._loss_wanted("test") else None
+        self._padding_only = _padding_only(self.trainer.test_dataloaders)
 
     def _loss_wanted(self, stage: str) -> bool:
         """test/loss when compute_test_loss; val/loss when compute_val_loss is True, or "auto" and a
@@ -210,7 +214,8 @@ class RFDETRModelModule(pl.LightningModule):
                     loss = self.criterion(outputs, batch.targets, groups=1, image_size=batch.pixels.shape[-2:]).total
                 self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(batch))
             detections, image_truth = self._scored(outputs, sizes, batch, truth)
-            self._evaluator(stage + "/" + prefix).add(detections, image_truth)
+            if not self._padding_only:  # a process without images of its own scores nothing
+                self._evaluator(stage + "/" + prefix).add(detections, image_truth)
 
     def _scored(self, outputs, sizes: torch.Tensor, batch: Batch, truth: list[dict[str, torch.Tensor]]):
         """Per image detections and the ground truth to score them against, with masks or
@@ -310,6 +315,10 @@ class RFDETRModelModule(pl.LightningModule):
         elif gradient_clip_val:
             params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             torch.nn.utils.clip_grad_norm_(params, gradient_clip_val, foreach=True)
+
+
+def _padding_only(loaders: Any) -> bool:
+    return isinstance(getattr(loaders, "sampler", None), PaddingShare)
 
 
 def _compact_terms(terms: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
