@@ -14,6 +14,7 @@ from tiny_data import annotation, coco_file, write_image
 from detrkit.config import ModelConfig, TrainConfig
 from detrkit.datasets import image_cache
 from detrkit.datasets.detect import build_datasets
+from detrkit.datasets.detection import SampleLoadError
 from detrkit.datasets.image_cache import CACHE_NAME
 from detrkit.datasets.image_check import BadImagesError, ImageScreen, check_images
 
@@ -276,7 +277,8 @@ def test_an_image_that_breaks_after_the_check_is_named_when_read(tmp_path):
     splits = build(root)
     (root / "train" / "0.jpg").unlink()
     truncate(root / "train" / "1.jpg")
-    with pytest.raises(FileNotFoundError, match=f"{root / 'train' / '0.jpg'}.*image id 0.*skip_bad_images=True"):
+    # the loader names the sample (SampleLoadError, a ValueError) around the reader's FileNotFoundError
+    with pytest.raises(SampleLoadError, match=f"FileNotFoundError.*{root / 'train' / '0.jpg'}.*image id 0.*skip_bad_images=True"):
         splits.train[0]
     with pytest.raises(ValueError, match=f"cannot decode image {root / 'train' / '1.jpg'}.*image id 1"):
         splits.train[1]

@@ -160,6 +160,8 @@ class TrainConfig(StrictConfig):
     amp_dtype: AmpDtype = "auto"  # None means "fp32"; an unknown name warns and means "auto"
     fp8_backend: Literal["auto", "transformer-engine", "torchao"] = "auto"  # amp_dtype="fp8": "auto" is TE if importable
     num_sanity_val_steps: int = Field(0, ge=0)
+    # a NaN or infinite training loss raises NonFiniteLossError; up to this many such steps are skipped instead
+    skip_nonfinite_steps: int = Field(0, ge=0)
 
     @classmethod
     def _upgrade(cls, data: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,12 @@ from detrkit.structures import Target
 SampleTransform = Callable[[tv_tensors.Image, dict[str, Any]], tuple[torch.Tensor, dict[str, Any]]]
 
 
+class SampleLoadError(ValueError):
+    """One sample could not be read or transformed (its image deleted, truncated or unreadable, a
+    transform failing on it); the message names the sample's index, image id and file. Takes one
+    message, so that a DataLoader worker can re-raise it as itself in the main process."""
+
+
 @dataclass
 class ImageRecord:
     """One image's annotations as read from disk, crowd regions included.
@@ -79,6 +85,14 @@ class DetectionDataset(Dataset):
         return len(self.records)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, Target]:
+        try:
+            return self._sample(index)
+        except Exception as error:  # in a loader worker too: the message travels, naming the sample
+            record = self.records[index]
+            raise SampleLoadError(f"data set sample {index} (image id {record.image_id}, file {record.path}) "
+                                  f"failed to load: {type(error).__name__}: {error}") from error
+
+    def _sample(self, index: int) -> tuple[torch.Tensor, Target]:
         record, image = self._readable(index)
         image = tv_tensors.Image(to_tensor(image))
         height, width = image.shape[-2:]

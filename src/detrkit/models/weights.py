@@ -124,7 +124,9 @@ def fit_weights(checkpoint: Checkpoint, model: torch.nn.Module) -> dict[str, tor
             weights[key] = tile_rows(value, num_logits)
     for key in _QUERY_KEYS:
         if key in weights and key in target and weights[key].shape[1:] == target[key].shape[1:]:
-            weights[key] = _fit_query_rows(weights[key], target[key], checkpoint.args, model.groups)
+            # detrkit's own files keep num_queries in model_config, published ones in args
+            layout = {**checkpoint.args, **checkpoint.model_config}
+            weights[key] = _fit_query_rows(weights[key], target[key], layout, model.groups)
     if _POSITION_KEY in weights and _POSITION_KEY in target:
         weights[_POSITION_KEY] = resize_position_embeddings(weights[_POSITION_KEY], target[_POSITION_KEY].shape[1])
     _check_compatible(checkpoint.path, weights, target)

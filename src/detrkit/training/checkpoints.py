@@ -34,17 +34,35 @@ def replace_atomically(path: str | Path, write: Callable[[IO[bytes]], None]) -> 
     """Write through `write` into a temporary file beside `path`, then rename it over `path`:
     a reader, a crash or a kill never sees half a file, and the old file survives a failure."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise _write_error(path, error) from error
     try:
         with os.fdopen(handle, "wb") as stream:
             write(stream)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         os.unlink(temporary)
+        if isinstance(error, OSError) and not isinstance(error, CheckpointWriteError):
+            raise _write_error(path, error) from error
         raise
+
+
+class CheckpointWriteError(OSError):
+    """A run's file could not be written (disk full, read-only, ...); the previous file is intact."""
+
+
+def _write_error(path: Path, error: OSError) -> CheckpointWriteError:
+    reason = os.strerror(error.errno) if error.errno else str(error)
+    kept = "the previous file is intact" if path.exists() else "no earlier file existed"
+    error_number = error.errno or 0
+    return CheckpointWriteError(error_number, f"could not write {path} ({reason}); {kept} and no partial file was "
+                                              f"left behind. Free space or fix the permissions of {path.parent}, "
+                                              f"then resume with resume='last'")
 
 
 def save_atomically(payload: Any, path: str | Path) -> None:
@@ -67,6 +85,23 @@ class FileCheckpoint(ModelCheckpoint):
     @property
     def state_key(self) -> str:
         return self._generate_state_key(filename=self.filename, every_n_epochs=self._every_n_epochs)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage == "fit" and trainer.is_global_zero and self.dirpath and self.filename == "last":
+            remove_stale_temporaries(Path(self.dirpath))
+
+
+def remove_stale_temporaries(directory: Path) -> list[Path]:
+    """Delete the temporary checkpoint files (of `replace_atomically`) that a killed write left in
+    `directory`; returns them. The files they were to replace are untouched."""
+    stale = [*directory.glob(".*.ckpt.*.tmp"), *directory.glob(".*.pth.*.tmp")]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    if stale:
+        rank_zero_info(f"removed {len(stale)} partial checkpoint file(s) left by an interrupted write: "
+                       f"{', '.join(p.name for p in stale)}")
+    return stale
 
 
 def run_metadata(pl_module: pl.LightningModule) -> dict[str, Any]:

@@ -23,6 +23,10 @@ from detrkit.training.sampling import EpochSampler, EpochTagged, SeededSamples
 MIN_STEPS_PER_EPOCH = 5
 
 
+class PaddingShare(list):
+    """The evaluation indices of a process that has no image of its own: run, never scored."""
+
+
 class RFDETRDataModule(pl.LightningDataModule):
     """Loaders for train/valid/test. The splits are read (and validated) on construction, so that
     a broken data set fails before any training work starts.
@@ -92,11 +96,16 @@ class RFDETRDataModule(pl.LightningDataModule):
         return self._eval_loader(self.splits.test)
 
     def _eval_loader(self, dataset: Dataset) -> DataLoader:
-        """Each process scores its own slice (rank, rank + world, ...): no sample twice."""
+        """Each process scores its own slice (rank, rank + world, ...): no sample twice. A process
+        left without images (fewer than processes) gets image 0 as a PaddingShare, which it runs
+        but does not score: Lightning refuses an empty loader on one process, and every process
+        must take part in the evaluation's collectives."""
         rank, world_size = self._placement()
-        indices = range(rank, len(dataset), world_size)
+        indices = list(range(rank, len(dataset), world_size))
+        if not indices and len(dataset):
+            indices = PaddingShare([0])
         batch_size = self.train_config.eval_batch_size or self.train_config.batch_size
-        return self._loader(dataset, batch_size, sampler=list(indices))
+        return self._loader(dataset, batch_size, sampler=indices)
 
     def _placement(self) -> tuple[int, int]:
         if self.trainer is None:

@@ -12,6 +12,7 @@ LR schedulers under manual optimisation, so this module does those three things,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pytorch_lightning as pl
@@ -55,20 +56,23 @@ class ManualAccumulation:
         self.normaliser = BoxCountNormaliser()
 
     def __call__(self, module: RFDETRModelModule, criterion: SetCriterion, outputs: DetectorOutput,
-                 targets: list[Target], groups: int, image_size: tuple[int, int], batch_idx: int) -> LossOutput:
+                 targets: list[Target], groups: int, image_size: tuple[int, int], batch_idx: int,
+                 admit: Callable[[torch.Tensor], bool] | None = None) -> LossOutput:
         """Back-propagate one micro-batch, and step when it closes its window. Returns its losses
-        over its own box count, detached: what an automatic step would log for it."""
+        over its own box count, detached: what an automatic step would log for it. `admit(loss)`
+        False leaves the micro-batch out of its window (no backward, no box count)."""
         count = num_boxes_normaliser(targets, groups, outputs.pred_logits.device)  # the same on every process
         numerators = criterion(outputs, targets, groups=groups, image_size=image_size,
                                num_boxes=torch.ones_like(count))
         if batch_idx % self.accumulation == 0:
             self.normaliser.reset()
-        scales = self.normaliser.scales(count)
-        rescale_gradients(module.parameters(), scales.gradients)
         closes = self.closes(batch_idx, module.trainer.num_training_batches)
         optimizer = module.optimizers()
-        with optimizer.toggle_model(sync_grad=closes):  # DDP's no_sync for the backwards that do not close
-            module.manual_backward(numerators.total / scales.denominator)
+        if admit is None or admit(numerators.total):
+            scales = self.normaliser.scales(count)
+            rescale_gradients(module.parameters(), scales.gradients)
+            with optimizer.toggle_model(sync_grad=closes):  # DDP's no_sync for the backwards that do not close
+                module.manual_backward(numerators.total / scales.denominator)
         if closes:
             optimizer.step()  # clipping runs in on_before_optimizer_step, after unscaling
             optimizer.zero_grad()
@@ -78,7 +82,7 @@ class ManualAccumulation:
                           {name: term.detach() / count for name, term in numerators.terms.items()},
                           numerators.class_error, numerators.cardinality_error)
 
-    def closes(self, batch_idx: int, num_batches: int | float) -> bool:
+    def closes(self, batch_idx: int, num_batches: float) -> bool:
         return (batch_idx + 1) % self.accumulation == 0 or batch_idx + 1 == num_batches
 
     def optimizer_steps(self, trainer: pl.Trainer) -> int:

@@ -16,15 +16,26 @@ from detrkit.models.detector import Detector
 from detrkit.models.postprocess import top_detections, top_keypoint_detections
 from detrkit.ops.boxes import cxcywh_to_xyxy
 from detrkit.structures import Batch, Target
-from detrkit.training.accel.compile import compile_detector, compile_mode, compiled_box_cost
+from detrkit.training.accel.compile import (
+    compile_detector,
+    compile_mode,
+    compiled_box_cost,
+)
 from detrkit.training.accel.cuda_graphs import GraphedTrainingForward, graphed_forward
 from detrkit.training.accel.plan import AccelerationPlan
 from detrkit.training.accel.precision import fused_adamw_applies
 from detrkit.training.auto_batch import require_integer_batch
+from detrkit.training.callbacks.nonfinite import NonFiniteLossGuard
 from detrkit.training.checkpoints import run_metadata
+from detrkit.training.datamodule import PaddingShare
 from detrkit.training.ema import ModelEMA
 from detrkit.training.evaluation import DetectionEvaluator, with_keypoints, with_masks
-from detrkit.training.manual_step import ManualAccumulation, require_data_parallel, step_schedulers, trains_manually
+from detrkit.training.manual_step import (
+    ManualAccumulation,
+    require_data_parallel,
+    step_schedulers,
+    trains_manually,
+)
 from detrkit.training.optim import build_optimizer, build_scheduler
 from detrkit.training.rng import restore_rng_states, rng_states
 
@@ -51,6 +62,7 @@ class RFDETRModelModule(pl.LightningModule):
         # keypoint training accumulates by hand, normalised by the window's box count (spec 7.7)
         self.manual_step = ManualAccumulation(train_config.grad_accum_steps) if trains_manually(train_config) else None
         self.automatic_optimization = self.manual_step is None
+        self.nonfinite = NonFiniteLossGuard(train_config.skip_nonfinite_steps)  # a callback (configure_callbacks)
         self.class_names = class_names
         # the RFDETR class checkpoints name, so that from_checkpoint() rebuilds the same preset
         self.model_name = model_name or type(model_config).__name__.removesuffix("Config")
@@ -60,6 +72,7 @@ class RFDETRModelModule(pl.LightningModule):
                              if train_config.multi_scale == "per-batch" else None)
         self._evaluators: dict[str, DetectionEvaluator] = {}
         self._loss_stage: str | None = None  # "val" or "test" while that loss is logged (see _loss_wanted)
+        self._padding_only = False  # this process's evaluation batches only pad (see PaddingShare)
         # "val/", "val/ema_", "test/" -> COCOeval's twelve summary numbers of the last evaluation
         self.coco_stats: dict[str, list[float]] = {}
 
@@ -82,6 +95,9 @@ class RFDETRModelModule(pl.LightningModule):
                        f"x {processes} process{'es' if processes > 1 else ''} = "
                        f"{config.batch_size * config.grad_accum_steps * processes} images per optimizer step")
 
+    def configure_callbacks(self) -> list[pl.Callback]:
+        return [self.nonfinite]
+
     def on_fit_end(self) -> None:
         self._train_forward = None  # frees the graphs' memory pools
 
@@ -99,12 +115,17 @@ class RFDETRModelModule(pl.LightningModule):
             batch = resize_batch(batch, batch_scale(self.global_step, self.train_scales))
         outputs = (self._train_forward or self.model)(batch.pixels, batch.padding)
         groups = self.model.groups if self.model.training else 1
+        def admit(loss: torch.Tensor) -> bool:
+            return self.nonfinite.admit(loss, batch, self.trainer, batch_idx)
+
         with torch.autocast(self.device.type, enabled=False):  # matching and losses in fp32
             if self.manual_step is not None:  # backward and optimizer step done here
                 losses = self.manual_step(self, self.criterion, outputs, batch.targets, groups,
-                                          batch.pixels.shape[-2:], batch_idx)
+                                          batch.pixels.shape[-2:], batch_idx, admit)
             else:
                 losses = self.criterion(outputs, batch.targets, groups=groups, image_size=batch.pixels.shape[-2:])
+                if not admit(losses.total):
+                    return None  # Lightning skips the backward and the optimizer step
         size, config = len(batch), self.train_config
         sync, on_step = config.train_log_sync_dist, config.train_log_on_step
         self.log("train/loss", losses.total, on_step=on_step, on_epoch=True, sync_dist=sync, batch_size=size)
@@ -151,9 +172,11 @@ class RFDETRModelModule(pl.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self._loss_stage = "val" if self._loss_wanted("val") else None
+        self._padding_only = _padding_only(self.trainer.val_dataloaders)
 
     def on_test_epoch_start(self) -> None:
         self._loss_stage = "test" if self._loss_wanted("test") else None
+        self._padding_only = _padding_only(self.trainer.test_dataloaders)
 
     def _loss_wanted(self, stage: str) -> bool:
         """test/loss when compute_test_loss; val/loss when compute_val_loss is True, or "auto" and a
@@ -191,7 +214,8 @@ class RFDETRModelModule(pl.LightningModule):
                     loss = self.criterion(outputs, batch.targets, groups=1, image_size=batch.pixels.shape[-2:]).total
                 self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(batch))
             detections, image_truth = self._scored(outputs, sizes, batch, truth)
-            self._evaluator(stage + "/" + prefix).add(detections, image_truth)
+            if not self._padding_only:  # a process without images of its own scores nothing
+                self._evaluator(stage + "/" + prefix).add(detections, image_truth)
 
     def _scored(self, outputs, sizes: torch.Tensor, batch: Batch, truth: list[dict[str, torch.Tensor]]):
         """Per image detections and the ground truth to score them against, with masks or
@@ -291,6 +315,10 @@ class RFDETRModelModule(pl.LightningModule):
         elif gradient_clip_val:
             params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             torch.nn.utils.clip_grad_norm_(params, gradient_clip_val, foreach=True)
+
+
+def _padding_only(loaders: Any) -> bool:
+    return isinstance(getattr(loaders, "sampler", None), PaddingShare)
 
 
 def _compact_terms(terms: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -17,7 +17,14 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from detrkit.models.weights import SAFE_CLASSES, CheckpointError, read_checkpoint
+from detrkit.models.weights import (
+    _POSITION_KEY,
+    _QUERY_KEYS,
+    SAFE_CLASSES,
+    Checkpoint,
+    CheckpointError,
+    read_checkpoint,
+)
 
 
 @dataclass
@@ -62,8 +69,7 @@ def open_resume_point(resume: str, output_dir: str, model: torch.nn.Module) -> R
             f"(use pretrain_weights= to fine-tune on other classes)")
     for key, tensor in expected.items():
         if checkpoint.weights[key].shape != tensor.shape:
-            raise CheckpointError(f"{path} is a checkpoint of another architecture: {key} has shape "
-                                  f"{tuple(checkpoint.weights[key].shape)}, the model {tuple(tensor.shape)}")
+            raise CheckpointError(_shape_mismatch(checkpoint, key, tuple(tensor.shape)))
     with torch.serialization.safe_globals(SAFE_CLASSES):  # published files keep their arguments as a Namespace
         raw = torch.load(path, map_location="cpu", weights_only=True)
     full = bool(raw.get("optimizer_states")) and "loops" in raw
@@ -92,3 +98,21 @@ def warm_start(point: ResumePoint, trainer: pl.Trainer, pl_module: pl.LightningM
         f"restored, but the optimizer and LR scheduler start cold"
         f"{'' if same_dir else ' and best-score tracking restarts (output_dir differs from where it was written)'}. "
         f"Resume from a full checkpoint (last.ckpt) to continue them.", UserWarning, stacklevel=3)
+
+
+def _shape_mismatch(checkpoint: Checkpoint, key: str, wanted: tuple[int, ...]) -> str:
+    """Why the checkpoint's `key` does not fit, in the config fields a user changes."""
+    saved, path = tuple(checkpoint.weights[key].shape), checkpoint.path
+    settings = {**checkpoint.args, **checkpoint.model_config}
+    if key in _QUERY_KEYS:
+        layout = (f" (num_queries={settings['num_queries']} x group_detr={settings['group_detr']})"
+                  if "num_queries" in settings and "group_detr" in settings else "")
+        return (f"{path} was trained with {saved[0]} query rows{layout}, this model has {wanted[0]}: resume needs "
+                f"the same num_queries and group_detr. To train with other ones, start from the file with "
+                f"pretrain_weights= (query rows are copied group by group)")
+    if key == _POSITION_KEY:
+        side = round((saved[1] - 1) ** 0.5)
+        return (f"{path} was trained with positional_encoding_size={side}, this model has "
+                f"{round((wanted[1] - 1) ** 0.5)}: resume needs the same (another resolution alone is fine). To "
+                f"change it, start from the file with pretrain_weights= (position embeddings are resized)")
+    return f"{path} is a checkpoint of another architecture: {key} has shape {saved}, the model {wanted}"
