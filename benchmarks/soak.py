@@ -1,14 +1,16 @@
 """Soak: short tiny trainings killed (SIGKILL) at random moments and resumed; each must end with
 the weights of an uninterrupted run, bit for bit.
 
-    python benchmarks/soak.py --runs 20 --epochs 3 --seed 0 [--out benchmarks/results/soak_cpu.json]
+    python benchmarks/soak.py --runs 20 --kills 2 --epochs 4 --seed 0 [--out benchmarks/results/soak_cpu.json]
 
-An uninterrupted run is timed first (after a warm-up run): its child process reports when training starts and ends,
-and every kill time is drawn uniformly inside that training window (so kills land in training
-steps, validation or checkpoint writes, not in imports). Each run then starts the same training,
-kills it at its drawn time, and resumes it with resume="last" (or starts over when no epoch had
-completed); it repeats kill-and-resume `--kills` times, the later kills drawn inside the resumed
-run's window. The final last.ckpt (live weights, EMA weights, Adam moments, step) is compared
+An uninterrupted run is timed first (after a warm-up run): its child reports when training
+starts and ends, so the time of one step (with its share of validation and checkpoint writes) is
+known. Each kill draws a random step of the run and a random delay up to that step time; it waits
+for its child to report beginning that step, then kills it after the delay. So kills land in
+training steps, validation or checkpoint writes (never in imports), and a machine slowed by other
+work moves them only within the training. Each run starts the training,
+kills it, and starts it again with resume="last" (or from scratch when no epoch had completed);
+the last of its `--kills` restarts is left to finish. The final last.ckpt (live weights, EMA weights, Adam moments, step) is compared
 with the uninterrupted run's. The JSON lists every run: kill times, the epoch last.ckpt held at
 each kill, partial files left behind, and whether the end state was identical.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -25,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+STEPS_PER_EPOCH = 5  # 6 training images, batch 2: the tiny-set minimum of 5 optimizer steps
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))  # tiny_config.TINY: the tests' tiny model
@@ -45,6 +49,11 @@ def child(data: str, output: str, epochs: int, resume: bool, timing: str) -> Non
     class Window(pl.Callback):
         def on_train_start(self, trainer, module):
             Path(timing).write_text(json.dumps({"train_start": time.time()}))
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            beat = Path(f"{timing}.step.tmp")
+            beat.write_text(str(trainer.global_step))
+            os.replace(beat, f"{timing}.step")  # the parent never reads half a number
 
         def on_train_end(self, trainer, module):
             stamps = json.loads(Path(timing).read_text())
@@ -76,21 +85,28 @@ def timed_run(data: Path, output: Path, epochs: int, resume: bool) -> dict:
     return {"wall_s": time.time() - started, "window_s": window}
 
 
-def kill_at(data: Path, output: Path, epochs: int, resume: bool, seconds: float) -> dict:
-    """Start a run, SIGKILL it `seconds` after its start; what it left behind."""
+def kill_at(data: Path, output: Path, epochs: int, resume: bool, step: int, delay: float) -> dict:
+    """Start a run and SIGKILL it `delay` seconds after it began training step `step` (its child
+    reports each step it begins; a resumed run past `step` is killed `delay` after its first
+    step); what it left behind."""
     timing = output.parent / f"{output.name}.timing.json"
+    beat = Path(f"{timing}.step")
     timing.unlink(missing_ok=True)
+    beat.unlink(missing_ok=True)
+    started = time.time()
     process = launch(data, output, epochs, resume, timing)
+    while process.poll() is None and not (beat.is_file() and int(beat.read_text() or -1) >= step):
+        time.sleep(0.002)
     try:
-        process.wait(timeout=seconds)
-        finished = True  # it ended before the kill (a kill drawn near the end of the window)
+        process.wait(timeout=delay)
+        finished = True  # it ended before the kill (a resume with nothing left to train)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
         finished = False
     last = output / "last.ckpt"
-    return {"kill_at_s": round(seconds, 3), "finished_before_kill": finished,
-            "last_ckpt_epoch": _epoch(last) if last.is_file() else None,
+    return {"step": step, "delay_s": round(delay, 4), "kill_at_s": round(time.time() - started, 3),
+            "finished_before_kill": finished, "last_ckpt_epoch": _epoch(last) if last.is_file() else None,
             "partial_files": sorted(p.name for p in output.glob(".*.tmp"))}
 
 
@@ -136,6 +152,8 @@ def main() -> None:
         reference = work / "reference"
         timing = timed_run(data, reference, args.epochs, resume=False)
         window = timing["window_s"]
+        steps = args.epochs * STEPS_PER_EPOCH
+        per_step = (window[1] - window[0]) / steps
         print(f"uninterrupted: {timing['wall_s']:.1f} s, training from {window[0]:.1f} s to {window[1]:.1f} s",
               flush=True)
         runs = []
@@ -146,7 +164,10 @@ def main() -> None:
             kills = []
             resume = False
             for _ in range(args.kills):
-                kills.append(kill_at(data, output, args.epochs, resume, rng.uniform(*window)))
+                # a random step, then a random moment of the time one step (with its share of the
+                # epoch's validation and checkpoint writes) takes
+                step = rng.randrange(steps)
+                kills.append(kill_at(data, output, args.epochs, resume, step, rng.uniform(0, per_step)))
                 resume = (output / "last.ckpt").is_file()
             resumed = timed_run(data, output, args.epochs, resume=resume)
             comparison = same_state(reference / "last.ckpt", output / "last.ckpt")
@@ -159,7 +180,8 @@ def main() -> None:
         result = {
             "benchmark": "soak", "device": "cpu", "epochs": args.epochs, "kills_per_run": args.kills,
             "seed": args.seed, "uninterrupted_wall_s": round(timing["wall_s"], 2),
-            "training_window_s": [round(t, 2) for t in window], "runs_done": len(runs),
+            "training_window_s": [round(t, 2) for t in window], "step_time_s": round(per_step, 4),
+            "runs_done": len(runs),
             "runs_identical": sum(r["identical"] for r in runs),
             "killed_mid_training": sum(not k["finished_before_kill"] for r in runs for k in r["kills"]),
             "partial_files_seen": sum(bool(k["partial_files"]) for r in runs for k in r["kills"]),
