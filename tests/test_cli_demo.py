@@ -128,10 +128,12 @@ def test_train_command_maps_options(tmp_path, capsys, monkeypatch, tiny_kwargs):
     assert torch.load(tmp_path / "out" / "last.ckpt", weights_only=True)["epoch"] == 1
 
 
-def test_set_requires_name_value():
-    with pytest.raises(SystemExit, match="NAME=VALUE"):
-        cli._parse_settings(["oops"])
-    assert cli._parse_settings(["lr=0.001", "run=name"]) == {"lr": 0.001, "run": "name"}
+def test_set_requires_name_value(capsys):
+    parser = cli._parser()
+    with pytest.raises(SystemExit) as stopped:
+        cli._parse_settings(["oops"], parser)
+    assert stopped.value.code == 2 and "--set expects NAME=VALUE, got 'oops'" in capsys.readouterr().err
+    assert cli._parse_settings(["lr=0.001", "run=name"], parser) == {"lr": 0.001, "run": "name"}
 
 
 def test_predict_command_draws(tmp_path, capsys):
