@@ -242,7 +242,7 @@ def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     options.update(train_settings)
     model.train(**options)
     print(f"training finished; files are in {args.output} (best weights: checkpoint_best_total.pth, "
-          f"full state for --resume: last.ckpt)")
+          f"full state for --resume: last.ckpt, losses and metrics by epoch: metrics.csv and plots/results.png)")
     return 0
 
 
