@@ -64,3 +64,13 @@ def test_demo_picture_draws_truth_and_predictions_above_the_threshold(tmp_path):
     assert drawn.shape[1] == 2 * 120 + 4 and drawn.shape[0] > 100  # two tiles, a gap, captions below
     top_edge = drawn[10, 10:41]
     assert (top_edge == 255).all(axis=1).any() and (top_edge == 0).all(axis=1).any()  # the dashed truth box
+
+
+def test_labels_of_duplicate_boxes_are_stacked_not_overlapped():
+    both = sv.Detections(xyxy=np.array([[20.0, 40.0, 80.0, 90.0]] * 2), confidence=np.array([0.5, 0.9]),
+                         class_id=np.array([0, 3]), data={"class_name": np.array(["low", "high"])})
+    drawn = np.asarray(draw_detections(Image.new("RGB", (120, 120), (255, 255, 255)), both))
+    column = drawn[:, 22].astype(int)  # down through the chips, beside the box's left edge
+    rows_of = {name: np.flatnonzero((column == np.array(_PALETTE[i])).all(axis=1)) for name, i in (("high", 3), ("low", 0))}
+    assert rows_of["high"].size and rows_of["low"].size
+    assert rows_of["high"].max() < rows_of["low"].min()  # the higher score's chip first, the other below it

@@ -17,15 +17,19 @@ _PALETTE = [(230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 1
 
 def draw_detections(image: Image.Image, detections: sv.Detections) -> Image.Image:
     """A copy of `image` with one solid box per detection and a label chip ("name 0.87") that stays
-    readable on any background: filled in the box's colour, text black or white by its brightness."""
+    readable on any background: filled in the box's colour, text black or white by its brightness.
+    Chips that would overlap (duplicate boxes) are stacked, the highest score first."""
     canvas = image.convert("RGB").copy()
     draw = ImageDraw.Draw(canvas)
     font = _font(canvas)
     names = detections.data.get("class_name", [str(c) for c in detections.class_id])
-    for box, score, class_id, name in zip(detections.xyxy, detections.confidence, detections.class_id, names):
-        colour = _PALETTE[int(class_id) % len(_PALETTE)]
-        draw.rectangle([float(v) for v in box], outline=colour, width=2)
-        _label(draw, (float(box[0]), float(box[1])), f"{name} {score:.2f}", colour, font, canvas.size)
+    rows = sorted(zip(detections.xyxy, detections.confidence, detections.class_id, names), key=lambda row: -row[1])
+    for box, _, class_id, _ in rows:
+        draw.rectangle([float(v) for v in box], outline=_PALETTE[int(class_id) % len(_PALETTE)], width=2)
+    placed: list[tuple[float, float, float, float]] = []
+    for box, score, class_id, name in rows:
+        placed.append(_label(draw, (float(box[0]), float(box[1])), f"{name} {score:.2f}",
+                             _PALETTE[int(class_id) % len(_PALETTE)], font, placed))
     return canvas
 
 
@@ -57,15 +61,19 @@ def _font(image: Image.Image):
 
 
 def _label(draw: ImageDraw.ImageDraw, corner: tuple[float, float], text: str, colour: tuple[int, int, int],
-           font, size: tuple[int, int]) -> None:
-    """A filled chip with `text` above the box corner (inside the image when the box touches its top)."""
+           font, placed: list[tuple[float, float, float, float]]) -> tuple[float, float, float, float]:
+    """A filled chip with `text` above the box corner (inside the box when the box touches the image's
+    top), moved down past the chips already `placed`; returns its rectangle."""
     left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
     width, height = right - left + 4, bottom - top + 4
-    x = min(max(0.0, corner[0]), max(0.0, size[0] - width))
+    x = max(0.0, corner[0])  # at the box's left edge, clipped at the image's right edge
     y = corner[1] - height if corner[1] - height >= 0 else corner[1]
+    while any(x < r[2] and r[0] < x + width and y < r[3] and r[1] < y + height for r in placed):
+        y += height
     draw.rectangle([x, y, x + width, y + height], fill=colour)
     brightness = 0.299 * colour[0] + 0.587 * colour[1] + 0.114 * colour[2]
     draw.text((x + 2 - left, y + 2 - top), text, fill=(0, 0, 0) if brightness > 140 else (255, 255, 255), font=font)
+    return x, y, x + width, y + height
 
 
 def _dashes(draw: ImageDraw.ImageDraw, start: tuple[float, float], end: tuple[float, float],
