@@ -4,16 +4,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 import warnings
 from pathlib import Path
 
 MODELS = ("nano", "small", "medium", "large")
 
 
+# modules that check what users give (settings, data sets, checkpoints): a ValueError raised there is the
+# user's to fix, and is printed as one message; anywhere else it is a bug and keeps its traceback
+_EDGES = ("detrkit.config", "detrkit.datasets", "detrkit.models.download", "detrkit.models.weights",
+          "detrkit.training.resume", "detrkit.detr", "detrkit.cli")
+USER_ERROR_STATUS = 2
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="detrkit", description="Train and run RF-DETR detectors.")
-    commands = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true",
+                        help="show the Python traceback of an error (also: DETRKIT_DEBUG=1)")
+    commands = _SubcommandsWith(common, parser.add_subparsers(dest="command", required=True))
     demo = commands.add_parser(
         "demo", help="generate a small shapes data set and train a detector on it (CPU, a few minutes)",
         description="Generate coloured shapes in COCO layout, train RFDETRNano from scratch at 224 px "
@@ -45,7 +57,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_export_parser(commands: argparse._SubParsersAction) -> None:
+class _SubcommandsWith:
+    """add_parser of the subcommands, each also taking the options of `common` (--debug)."""
+
+    def __init__(self, common: argparse.ArgumentParser, commands: argparse._SubParsersAction) -> None:
+        self.common, self.commands = common, commands
+
+    def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
+        return self.commands.add_parser(name, parents=[self.common], **kwargs)
+
+
+def _add_export_parser(commands: _SubcommandsWith) -> None:
     export = commands.add_parser(
         "export", help="export a checkpoint to ONNX or OpenVINO and check the file's accuracy",
         description="Rebuild the model saved in CHECKPOINT, export it, and compare the exported file with the "
@@ -68,11 +90,11 @@ def _add_export_parser(commands: argparse._SubParsersAction) -> None:
                              "as GatherElements")
 
 
-def _add_train_parser(commands: argparse._SubParsersAction) -> None:
+def _add_train_parser(commands: _SubcommandsWith) -> None:
     train = commands.add_parser(
         "train", help="train on a COCO (Roboflow or plain) or YOLO folder",
         description="Train a detector on DATASET. Common options have flags; any other TrainConfig "
-                    "field can be set with --set NAME=VALUE (VALUE read as JSON when it parses).")
+                    "or ModelConfig field can be set with --set NAME=VALUE (VALUE read as JSON when it parses).")
     train.add_argument("--dataset", required=True, type=Path, help="dataset folder (format detected)")
     train.add_argument("--model", choices=MODELS, default="nano", help="model size (default nano)")
     train.add_argument("--weights", help="starting checkpoint (default: published COCO weights); "
@@ -92,7 +114,7 @@ def _add_train_parser(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--early-stopping", action="store_true",
                        help="stop when validation mAP stops improving (patience 10 epochs)")
     train.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                       help="any other TrainConfig field, e.g. --set multi_scale=off")
+                       help="any other TrainConfig or ModelConfig field, e.g. --set multi_scale=off")
 
 
 def _batch_size(text: str) -> int | str:
@@ -114,14 +136,76 @@ def _export_batch(text: str) -> int | str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Run a command; a user error (settings, data set, checkpoint, weights) prints one message
+    and returns 2, unless --debug or DETRKIT_DEBUG=1 asks for its traceback."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return _run(args, parser)
+    except Exception as error:
+        if not is_user_error(error) or args.debug or os.environ.get("DETRKIT_DEBUG", "0") not in ("", "0"):
+            raise
+        print(f"detrkit {args.command}: error: {user_message(error, args.command)}", file=sys.stderr)
+        return USER_ERROR_STATUS
+
+
+def is_user_error(error: BaseException) -> bool:
+    """Whether `error` is something the user fixes: invalid settings, a missing or broken data set or
+    checkpoint, unreachable weights, a feature not implemented; raised by detrkit's checks."""
+    from pydantic import ValidationError
+
+    from detrkit.models.download import WeightsDownloadError
+    from detrkit.models.weights import CheckpointError
+
+    if isinstance(error, (ValidationError, WeightsDownloadError, CheckpointError)):
+        return True
+    frames = traceback.extract_tb(error.__traceback__)
+    module = _module_of(frames[-1].filename) if frames else ""
+    if isinstance(error, (FileNotFoundError, NotImplementedError)):
+        return module.startswith("detrkit")
+    return isinstance(error, ValueError) and module.startswith(_EDGES)
+
+
+def _module_of(filename: str) -> str:
+    """detrkit.x.y for a file of this package, else ""."""
+    path = Path(filename).resolve()
+    root = Path(__file__).resolve().parent
+    if root not in path.parents:
+        return ""
+    return ".".join(("detrkit", *path.relative_to(root).with_suffix("").parts))
+
+
+def user_message(error: BaseException, command: str = "train") -> str:
+    """The message of a user error, with what to do next in the command line's words."""
+    from pydantic import ValidationError
+
+    from detrkit.config.messages import describe_validation_error
+    from detrkit.models.download import WeightsDownloadError
+
+    if isinstance(error, WeightsDownloadError):
+        go_on = error.how_to_go_on("cli")
+        if command == "predict":
+            go_on = go_on.replace("--weights none to train from scratch", "--random-weights to run without weights")
+        return f"{error.problem}.\n{go_on}"
+    if isinstance(error, ValidationError):
+        lines = describe_validation_error(error)
+        return "\n  ".join(["invalid settings:" if len(lines) > 1 else lines[0], *lines[int(len(lines) == 1):]]) + (
+            f"\nSee `detrkit {command} --help` for the flags"
+            + ("; --set NAME=VALUE takes any TrainConfig or ModelConfig field." if command == "train" else "."))
+    frames = traceback.extract_tb(error.__traceback__)
+    if command in ("train", "export") and frames and _module_of(frames[-1].filename).startswith("detrkit.datasets"):
+        return f"{error}\nCheck the folder given with --dataset: a COCO (Roboflow or COCO 2017) or YOLO data set."
+    return str(error)
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.command == "demo":
         from detrkit.demo import run_demo
 
         run_demo(args.output, args.device, args.epochs, task=args.task)
         return 0
     if args.command == "train":
-        return _train(args)
+        return _train(args, parser)
     if args.command == "export":
         return _export(args)
     return _predict(args)
@@ -138,31 +222,60 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train(args: argparse.Namespace) -> int:
+def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from detrkit.variants import VARIANTS
 
+    model_class = VARIANTS[args.model]
     model_kwargs: dict = {"device": args.device} if args.device else {}
     if args.weights:
         model_kwargs["pretrain_weights"] = None if args.weights.lower() == "none" else args.weights
     if args.resolution:
         model_kwargs["resolution"] = args.resolution
-    model = VARIANTS[args.model](**model_kwargs)
+    train_settings, model_settings = _split_settings(_parse_settings(args.set, parser), parser)
+    with warnings.catch_warnings():  # --weights none is a choice here; the start block says "from scratch"
+        if args.weights and args.weights.lower() == "none":
+            warnings.filterwarnings("ignore", message="pretrain_weights=None")
+        model = model_class(**model_kwargs, **model_settings)
     options = dict(dataset_dir=str(args.dataset), output_dir=args.output, epochs=args.epochs,
                    batch_size=args.batch_size, grad_accum_steps=args.grad_accum_steps, lr=args.lr,
                    num_workers=args.num_workers, resume=args.resume, early_stopping=args.early_stopping)
-    options.update(_parse_settings(args.set))
+    options.update(train_settings)
     model.train(**options)
     print(f"training finished; files are in {args.output} (best weights: checkpoint_best_total.pth, "
-          f"full state for --resume: last.ckpt)")
+          f"full state for --resume: last.ckpt, losses and metrics by epoch: metrics.csv and plots/results.png)")
     return 0
 
 
-def _parse_settings(pairs: list[str]) -> dict:
+def _split_settings(settings: dict, parser: argparse.ArgumentParser) -> tuple[dict, dict]:
+    """--set values for train() (TrainConfig fields, Lightning Trainer arguments) and for the model
+    (ModelConfig fields); an unknown name stops with the nearest known ones."""
+    import difflib
+    import inspect
+
+    import pytorch_lightning as pl
+
+    from detrkit.config import KeypointTrainConfig, ModelConfig, SegmentationTrainConfig, TrainConfig
+
+    train_names = set(TrainConfig.legacy_keys) | set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
+    for config_class in (TrainConfig, SegmentationTrainConfig, KeypointTrainConfig):
+        train_names |= set(config_class.model_fields)
+    model_names = set(ModelConfig.model_fields) - train_names
+    for name in settings:
+        if name not in train_names | model_names:
+            close = difflib.get_close_matches(name, sorted(train_names | model_names), n=3)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            parser.exit(USER_ERROR_STATUS, f"detrkit train: error: --set {name}=...: unknown setting{hint}. "
+                        f"--set takes TrainConfig and ModelConfig fields; `detrkit train --help` lists the flags.\n")
+    model = {name: value for name, value in settings.items() if name in model_names}
+    return {name: value for name, value in settings.items() if name not in model}, model
+
+
+def _parse_settings(pairs: list[str], parser: argparse.ArgumentParser) -> dict:
     settings = {}
     for pair in pairs:
         name, separator, value = pair.partition("=")
         if not separator:
-            raise SystemExit(f"--set expects NAME=VALUE, got {pair!r}")
+            parser.exit(USER_ERROR_STATUS, f"detrkit train: error: --set expects NAME=VALUE, got {pair!r}\n")
         try:
             settings[name] = json.loads(value)
         except json.JSONDecodeError:

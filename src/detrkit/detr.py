@@ -184,6 +184,11 @@ class RFDETR(Predictor):
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume.ckpt_path if resume else None)
         if train_config.run_test and datamodule.splits.test is not None:
             self._test_best_weights(trainer, module, datamodule)
+        if trainer.is_global_zero and os.path.isfile(os.path.join(train_config.output_dir, "metrics.csv")):
+            from detrkit.analysis.results_plot import plot_results
+
+            plot_results(os.path.join(train_config.output_dir, "metrics.csv"),
+                         os.path.join(train_config.output_dir, "plots", "results.png"))
         self.model.to(self.device).eval()
 
     def _settle_precision_and_batch(self, train_config):

@@ -69,7 +69,7 @@ def metric_epochs(output: Path) -> list[int]:
 def test_default_files_and_their_contents(two_epochs):
     names = sorted(p.name for p in two_epochs.iterdir())
     assert names == ["checkpoint_0.ckpt", "checkpoint_1.ckpt", "checkpoint_best_ema.pth", "checkpoint_best_total.pth",
-                     "last.ckpt", "last_ema.pth", "metrics.csv", "training_config.json"]
+                     "last.ckpt", "last_ema.pth", "metrics.csv", "plots", "training_config.json"]
     last = load(two_epochs / "last.ckpt")
     assert last["epoch"] == 1 and last["global_step"] == 2 * STEPS_PER_EPOCH
     assert last["model_name"] == "RFDETRNano" and last["class_names"] == ["circle", "square", "triangle"]

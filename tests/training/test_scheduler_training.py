@@ -54,8 +54,11 @@ def test_plateau_on_val_loss_with_sgd_and_per_layer_step_logs(data, tmp_path, ti
     val_losses = [float(row["val/loss"]) for row in rows if row.get("val/loss")]
     assert len(val_losses) == 2 and all(loss > 0 for loss in val_losses)  # "auto": the plateau monitors it
     assert [row["test/loss"] for row in rows if row.get("test/loss")]  # compute_test_loss defaults to True
-    # each layer's term on its own, per step (Lightning's _step) and per epoch (_epoch)
-    assert {"train/loss_ce_0_epoch", "train/loss_bbox_enc_step", "train/loss_ce_step", "train/loss_step"} <= names
+    # each layer's term on its own, per epoch (_epoch) in metrics.csv and per step (_step) in metrics_steps.csv
+    assert "train/loss_ce_0_epoch" in names and not any(name.endswith("_step") for name in names)
+    with open(tmp_path / "metrics_steps.csv", newline="") as stream:
+        step_names = set(next(csv.DictReader(stream)))
+    assert {"train/loss_bbox_enc_step", "train/loss_ce_step", "train/loss_step"} <= step_names
     assert not any(name.startswith("train/loss_ce_aux") for name in names)
 
 

@@ -16,7 +16,7 @@ def test_defaults_one_device_csv_logger_and_clip(tmp_path):
     trainer = build_trainer(config(tmp_path, tensorboard=False, grad_accum_steps=3, epochs=7))
     assert trainer.num_devices == 1 and trainer.max_epochs == 7
     assert trainer.accumulate_grad_batches == 3 and trainer.gradient_clip_val == 0.1
-    assert [type(l).__name__ for l in trainer.loggers] == ["CSVLogger"]
+    assert [type(l).__name__ for l in trainer.loggers] == ["EpochCSVLogger"]
     assert trainer.loggers[0].log_dir.rstrip("/") == str(tmp_path / "out")
 
 
@@ -43,14 +43,17 @@ def test_requested_logger_without_package_names_the_extra(tmp_path, flag):
 
 def test_progress_bar_choices(tmp_path):
     assert not build_trainer(config(tmp_path, progress_bar=None)).progress_bar_callback
-    assert type(build_trainer(config(tmp_path, progress_bar="tqdm")).progress_bar_callback).__name__ == "TQDMProgressBar"
+    from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
+
+    assert isinstance(build_trainer(config(tmp_path, progress_bar="tqdm")).progress_bar_callback, TQDMProgressBar)
+    assert isinstance(build_trainer(config(tmp_path, progress_bar="rich")).progress_bar_callback, RichProgressBar)
     assert config(tmp_path, progress_bar=True).progress_bar == "tqdm"
 
 
 def test_tensorboard_logger_when_installed(tmp_path):
     pytest.importorskip("tensorboard")
     names = [type(l).__name__ for l in build_loggers(config(tmp_path, tensorboard=True))]
-    assert names == ["CSVLogger", "TensorBoardLogger"]
+    assert names == ["EpochCSVLogger", "TensorBoardLogger"]
 
 
 def test_torchrun_layout_fills_in_auto_devices_and_node_count(monkeypatch):

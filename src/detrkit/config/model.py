@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from detrkit.config.base import DeviceStr, StrictConfig, default_device, path_string
+from detrkit.config.messages import nearest_multiples
 
 EncoderName = Literal["dinov2_windowed_small", "dinov2_windowed_base", "dinov2_registers_windowed_small"]
 ProjectorLevel = Literal["P3", "P4", "P5"]
@@ -120,7 +121,9 @@ class ModelConfig(StrictConfig):
             object.__setattr__(self, "positional_encoding_size", self.resolution // self.patch_size)
         block = self.patch_size * self.num_windows
         if self.resolution % block:
-            raise ValueError(f"resolution={self.resolution} must be divisible by patch_size*num_windows={block}")
+            nearest = " or ".join(str(side) for side in nearest_multiples(self.resolution, block))
+            raise ValueError(f"resolution={self.resolution} must be divisible by patch_size*num_windows={block}; "
+                             f"nearest valid: {nearest}")
         if self.encoder_width_resolved % self.encoder_heads_resolved:
             raise ValueError(f"encoder width {self.encoder_width_resolved} is not divisible by "
                              f"{self.encoder_heads_resolved} heads")

@@ -131,7 +131,7 @@ class TrainConfig(StrictConfig):
     ema_update_interval: int = Field(1, ge=1)
     eval_base_model: bool = False
     checkpoint_interval: int = Field(10, ge=1)
-    dont_save_weights: bool = False  # accepted, no effect
+    dont_save_weights: bool = False  # True: no full-state last.ckpt / checkpoint_<epoch>.ckpt; best .pth files only
     best_model_metric: Literal["map", "mar"] = "map"
     skip_best_epochs: int = Field(0, ge=0)
     smooth_alpha: float = Field(0.0, ge=0, lt=1)

@@ -38,6 +38,8 @@ class DatasetSplits:
     num_classes: int
     keypoint_schema: KeypointSchema | None = None
     keypoint_flip: KeypointFlip | None = None
+    dataset_format: DatasetFormat | None = None  # how the folder was read (None: splits built by hand)
+    dataset_dir: str | None = None
 
 
 def detect_format(dataset_dir: str | Path) -> DatasetFormat:
@@ -94,4 +96,4 @@ def build_datasets(train_config: TrainConfig, model_config: ModelConfig, masks: 
     if train_config.class_names is not None and list(train_config.class_names) != names:
         raise ValueError(f"TrainConfig.class_names {train_config.class_names} differ from the class "
                          f"names {names} of data set {root}")
-    return DatasetSplits(train, valid, test, names, len(names), train.keypoint_schema, flip)
+    return DatasetSplits(train, valid, test, names, len(names), train.keypoint_schema, flip, dataset_format, str(root))

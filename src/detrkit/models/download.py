@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
-import tempfile
+import secrets
 import urllib.error
 import urllib.request
 import warnings
@@ -38,17 +38,29 @@ PUBLISHED_WEIGHTS: dict[str, tuple[str, str]] = {
     "rf-detr-seg-xxlarge.pt": ("/rfdetr/rf-detr-seg-2xl-ft.pth", "040bc3412af840fa8a47e0ff69b552ba"),
 }
 
-# The ways forward when a published checkpoint cannot be had.
-_HOW_TO_GO_ON = (
-    "To go on, pass pretrain_weights=None to train from scratch, or a local file path, "
-    "or place the file at {target}, or set DETRKIT_WEIGHTS_URL to a mirror."
-)
+# The ways forward when a published checkpoint cannot be had, in the words of the Python API and of the CLI.
+_HOW_TO_GO_ON = {
+    "python": "To go on, pass pretrain_weights=None to train from scratch, or a local file path, "
+              "or place the file at {target}, or set DETRKIT_WEIGHTS_URL to a mirror.",
+    "cli": "To go on, pass --weights none to train from scratch, or --weights PATH for a local file, "
+           "or place the file at {target}, or set DETRKIT_WEIGHTS_URL to a mirror.",
+}
 # Failures of the connection or the transfer; disk errors are left to surface as they are.
 _NETWORK_ERRORS = (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError)
 
 
 class WeightsDownloadError(OSError):
-    """A published checkpoint could not be downloaded, or its bytes failed the md5 check."""
+    """A published checkpoint could not be downloaded, or its bytes failed the md5 check.
+
+    `problem` says what went wrong; str() adds how to go on from Python, `how_to_go_on("cli")`
+    says it in the command line's words."""
+
+    def __init__(self, problem: str, target: Path) -> None:
+        self.problem, self.target = problem, target
+        super().__init__(f"{problem}. {self.how_to_go_on('python')}")
+
+    def how_to_go_on(self, caller: str) -> str:
+        return _HOW_TO_GO_ON[caller].format(target=self.target)
 
 
 def cache_dir() -> Path:
@@ -84,26 +96,34 @@ def download_weights(name: str) -> Path:
     """Download a published checkpoint into the cache, check its md5, and return its path."""
     url, expected = weights_url(name), PUBLISHED_WEIGHTS[name][1]
     target = cache_dir() / name
-    go_on = _HOW_TO_GO_ON.format(target=target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, part = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=target.parent)
+    fd, part = _create_part(target.parent, name)
     try:
         with os.fdopen(fd, "wb") as out:
             actual = _stream(url, out, name)
         if actual != expected:
-            raise WeightsDownloadError(
-                f"download of {url} is corrupt: md5 {actual}, expected {expected}. {go_on}"
-            )
+            raise WeightsDownloadError(f"download of {url} is corrupt: md5 {actual}, expected {expected}", target)
         os.replace(part, target)  # atomic: the final name never holds a partial file
     except _NETWORK_ERRORS as err:
         if isinstance(err, urllib.error.HTTPError):
             err.close()  # an HTTPError holds the server's open response
+        # the cause is in the message: one traceback, not two chained
         raise WeightsDownloadError(
-            f"could not download {url} ({err}); looked for it in the cache at {target}. {go_on}"
-        ) from err
+            f"could not download {url} ({err}); looked for it in the cache at {target}", target) from None
     finally:
         Path(part).unlink(missing_ok=True)  # a no-op once the file is in place
     return target
+
+
+def _create_part(folder: Path, name: str) -> tuple[int, str]:
+    """A new `.part` file beside the cache entry, with the user's umask (tempfile.mkstemp makes 0600)."""
+    for _ in range(100):
+        part = folder / f".{name}.{secrets.token_hex(6)}.part"
+        try:
+            return os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), str(part)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name for {name} in {folder}")
 
 
 def _stream(url: str, out: BinaryIO, label: str) -> str:

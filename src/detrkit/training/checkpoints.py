@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -30,13 +30,25 @@ BEST_REGULAR, BEST_EMA, BEST_TOTAL, LAST_EMA = (
 _LIGHT_CALLBACKS = ("EMA", "BestModels", "EarlyStopping")
 
 
+def create_temporary(folder: Path, prefix: str, suffix: str) -> tuple[int, str]:
+    """A new file in `folder` opened for writing, as (descriptor, path). Unlike tempfile.mkstemp
+    (always 0600) it gets the permissions of any file the user creates: 0666 less the umask."""
+    for _ in range(100):
+        name = os.path.join(folder, f"{prefix}{secrets.token_hex(6)}{suffix}")
+        try:
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name {prefix}*{suffix} in {folder}")
+
+
 def replace_atomically(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
     """Write through `write` into a temporary file beside `path`, then rename it over `path`:
     a reader, a crash or a kill never sees half a file, and the old file survives a failure."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        handle, temporary = create_temporary(path.parent, f".{path.name}.", ".tmp")
     except OSError as error:
         raise _write_error(path, error) from error
     try:

@@ -90,10 +90,6 @@ class RFDETRModelModule(pl.LightningModule):
             if self.device.type == "cuda":  # the matcher's L1 cost, compiled on its own (spec 16.2)
                 self.criterion.matcher.box_cost = compiled_box_cost()
         self._train_forward = graphed_forward(self.model, self.plan, self.trainer.precision_plugin)
-        config, processes = self.train_config, self.trainer.world_size
-        rank_zero_info(f"effective batch: {config.batch_size} per process x {config.grad_accum_steps} accumulation "
-                       f"x {processes} process{'es' if processes > 1 else ''} = "
-                       f"{config.batch_size * config.grad_accum_steps * processes} images per optimizer step")
 
     def configure_callbacks(self) -> list[pl.Callback]:
         return [self.nonfinite]

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytorch_lightning as pl
-from pytorch_lightning.loggers import CSVLogger
 
 from detrkit.config import ModelConfig, TrainConfig
 from detrkit.training.checkpoints import replace_atomically
+from detrkit.training.epoch_csv import METRICS_FILE, EpochCSVLogger
 
 
 def write_json_atomically(path: Path, payload: dict) -> None:
@@ -49,17 +49,11 @@ class TrainingConfigRecord(pl.Callback):
 
 def carry_over_metrics(trainer: pl.Trainer, output_dir: str, last_epoch: int) -> None:
     """Keep the metrics.csv rows of epochs up to `last_epoch` when resuming into the same directory
-    (Lightning's CSV logger starts its file afresh); rows of later, interrupted epochs are dropped."""
-    path = Path(output_dir) / "metrics.csv"
-    loggers = [lg for lg in trainer.loggers if isinstance(lg, CSVLogger)]
+    (a new run starts its file afresh); rows of later, interrupted epochs are dropped."""
+    path = Path(output_dir) / METRICS_FILE
+    loggers = [lg for lg in trainer.loggers if isinstance(lg, EpochCSVLogger)]
     if not path.is_file() or not loggers or not trainer.is_global_zero:
         return
     with open(path, newline="") as stream:
-        rows = [row for row in csv.DictReader(stream) if row.get("epoch", "").isdigit() and int(row["epoch"]) <= last_epoch]
-    for row in rows:  # values back to numbers; empty cells dropped
-        for key in list(row):
-            if row[key] == "":
-                del row[key]
-            else:
-                row[key] = int(row[key]) if key in ("epoch", "step") else float(row[key])
-    loggers[0].experiment.metrics[:0] = rows  # written with the first new rows
+        rows = list(csv.DictReader(stream))
+    loggers[0].experiment.keep(rows, last_epoch)  # written with the first new rows

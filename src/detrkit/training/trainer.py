@@ -13,8 +13,7 @@ from typing import Any
 import pytorch_lightning as pl
 from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
-from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
-from pytorch_lightning.loggers import CSVLogger, Logger
+from pytorch_lightning.loggers import Logger
 from pytorch_lightning.utilities import rank_zero_info
 
 from detrkit.config import (KeypointTrainConfig, ModelConfig, SegmentationTrainConfig, TrainConfig,
@@ -31,10 +30,13 @@ from detrkit.training.accel.precision import (
 from detrkit.training.callbacks.early_stopping import MetricEarlyStopping
 from detrkit.training.callbacks.heap import RetainHeap
 from detrkit.training.callbacks.interrupt import GracefulInterrupt
+from detrkit.training.callbacks.progress import EpochRichProgressBar, EpochTQDMProgressBar, RunClock
 from detrkit.training.callbacks.schedule import ValidateLastEpoch
+from detrkit.training.callbacks.start_report import StartReport
 from detrkit.training.callbacks.summary import EpochSummary
 from detrkit.training.checkpoints import AtomicCheckpointIO, BestModels, FileCheckpoint, metric_key
 from detrkit.training.ema import EMACallback
+from detrkit.training.epoch_csv import EpochCSVLogger
 from detrkit.training.manual_step import require_data_parallel, trains_manually
 from detrkit.training.run_record import TrainingConfigRecord
 
@@ -51,7 +53,8 @@ def build_trainer(train_config: TrainConfig, plan: AccelerationPlan | None = Non
     if manual:
         require_data_parallel(trainer_kwargs.get("strategy", train_config.strategy))
     topology, accelerators = _placement(train_config)
-    callbacks = [RetainHeap(), TensorFloat32(), ValidateLastEpoch(), EpochSummary(), *run_callbacks(train_config),
+    callbacks = [RetainHeap(), TensorFloat32(), ValidateLastEpoch(), RunClock(), StartReport(), EpochSummary(),
+                 *run_callbacks(train_config),
                  *trainer_kwargs.pop("callbacks", [])]
     if plan is not None and plan.cuda_graphs == "inductor":
         callbacks.append(CudaGraphStepMarker())
@@ -59,9 +62,9 @@ def build_trainer(train_config: TrainConfig, plan: AccelerationPlan | None = Non
     # work, so the bar refreshes every 10 steps there
     refresh = 1 if accelerators.kind == "cpu" else 10
     if train_config.progress_bar == "rich":
-        callbacks.append(RichProgressBar(refresh_rate=refresh))
+        callbacks.append(EpochRichProgressBar(refresh_rate=refresh))
     elif train_config.progress_bar == "tqdm":
-        callbacks.append(TQDMProgressBar(refresh_rate=refresh))
+        callbacks.append(EpochTQDMProgressBar(refresh_rate=refresh))
     settings: dict[str, Any] = dict(
         default_root_dir=str(output), max_epochs=train_config.epochs, accelerator=_accelerator(train_config),
         **topology, strategy=train_config.strategy,
@@ -122,11 +125,12 @@ def run_callbacks(train_config: TrainConfig) -> list[pl.Callback]:
     keypoints = isinstance(train_config, KeypointTrainConfig)
     callbacks.append(BestModels(output, train_config.best_model_metric, train_config.skip_best_epochs,
                                 train_config.smooth_alpha, segmentation, keypoints))
-    callbacks.append(FileCheckpoint(dirpath=output, filename="last", save_top_k=1, every_n_epochs=1,
-                                     enable_version_counter=False, save_on_train_epoch_end=True))
-    callbacks.append(FileCheckpoint(dirpath=output, filename="checkpoint_{epoch}", auto_insert_metric_name=False,
-                                     save_top_k=-1, every_n_epochs=train_config.checkpoint_interval,
-                                     save_on_train_epoch_end=True))
+    if not train_config.dont_save_weights:  # the full-state files; without them, resume from a .pth
+        callbacks.append(FileCheckpoint(dirpath=output, filename="last", save_top_k=1, every_n_epochs=1,
+                                         enable_version_counter=False, save_on_train_epoch_end=True))
+        callbacks.append(FileCheckpoint(dirpath=output, filename="checkpoint_{epoch}", auto_insert_metric_name=False,
+                                         save_top_k=-1, every_n_epochs=train_config.checkpoint_interval,
+                                         save_on_train_epoch_end=True))
     if train_config.early_stopping:
         callbacks.append(MetricEarlyStopping(
             metric_key(train_config.best_model_metric, segmentation, keypoints), patience=train_config.early_stopping_patience,
@@ -195,11 +199,9 @@ def _as_list(value: Any) -> list:
 
 
 def build_loggers(train_config: TrainConfig) -> list[Logger]:
-    """metrics.csv always; TensorBoard when installed; W&B and MLflow when asked for."""
+    """metrics.csv (one row per epoch) always; TensorBoard when installed; W&B and MLflow when asked for."""
     output = train_config.output_dir
-    # metrics.csv lives in output_dir beside our own files, which Lightning would warn about
-    warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
-    loggers: list[Logger] = [CSVLogger(save_dir=output, name="", version="")]
+    loggers: list[Logger] = [EpochCSVLogger(output)]
     if train_config.tensorboard:
         if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
             from pytorch_lightning.loggers import TensorBoardLogger

@@ -4,7 +4,7 @@ Lightning's EarlyStopping does the counting (patience, min_delta, state in check
 decision shared by all processes); this subclass picks the monitored value (the EMA track's, or
 the better of the live and EMA tracks) and reports each check the way the docs show:
 
-    Epoch 11: val/mAP_50_95 = 0.455 (best: 0.455) - counter: 0 (improved)
+    epoch 12/50: val/mAP_50_95 = 0.455 (best: 0.455) - counter: 0 (improved)
 """
 
 from __future__ import annotations
@@ -58,5 +58,5 @@ class MetricEarlyStopping(EarlyStopping):
             note = " (no improvement)" if self.wait_count == 1 else ""
         if should_stop:
             note += " → STOP"
-        rank_zero_info(f"Epoch {trainer.current_epoch}: {label} = {float(current):.3f} "
+        rank_zero_info(f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}: {label} = {float(current):.3f} "
                        f"(best: {float(self.best_score):.3f}) - counter: {self.wait_count}{note}")
