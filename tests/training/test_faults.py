@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -130,7 +129,7 @@ class Arm(pl.Callback):
 def test_checkpoint_write_failure_names_the_file_and_keeps_the_previous(fault, data, uninterrupted, tmp_path,
                                                                        tiny_kwargs, monkeypatch):
     state = {"armed": False}
-    real_save, real_mkstemp = torch.save, tempfile.mkstemp
+    real_save, real_create = torch.save, checkpoints.create_temporary
 
     def full_disk_save(payload, stream, *args, **kwargs):
         if state["armed"] and ".last.ckpt." in file_of(stream):
@@ -138,15 +137,15 @@ def test_checkpoint_write_failure_names_the_file_and_keeps_the_previous(fault, d
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_save(payload, stream, *args, **kwargs)
 
-    def read_only_mkstemp(*args, prefix="", **kwargs):
+    def read_only_create(folder, prefix, suffix):
         if state["armed"] and prefix.startswith(".last.ckpt"):
             raise OSError(errno.EROFS, os.strerror(errno.EROFS))
-        return real_mkstemp(*args, prefix=prefix, **kwargs)
+        return real_create(folder, prefix, suffix)
 
     if fault == "disk_full":
         monkeypatch.setattr(checkpoints.torch, "save", full_disk_save)
     else:
-        monkeypatch.setattr(checkpoints.tempfile, "mkstemp", read_only_mkstemp)
+        monkeypatch.setattr(checkpoints, "create_temporary", read_only_create)
     reason = os.strerror(errno.ENOSPC if fault == "disk_full" else errno.EROFS)
     with pytest.raises(CheckpointWriteError, match=rf"could not write {tmp_path}/last.ckpt \({reason}\); the "
                                                    rf"previous file is intact and no partial file was left behind"):
