@@ -62,6 +62,9 @@ class RFDETRModelModule(pl.LightningModule):
         self._loss_stage: str | None = None  # "val" or "test" while that loss is logged (see _loss_wanted)
         # "val/", "val/ema_", "test/" -> COCOeval's twelve summary numbers of the last evaluation
         self.coco_stats: dict[str, list[float]] = {}
+        # evaluate() reads the last evaluation's detections here (analysis/evaluate.py)
+        self.keep_evaluations = False
+        self.kept_evaluations: dict[str, DetectionEvaluator] = {}
 
     def setup(self, stage: str) -> None:
         if self.class_names is None and self.trainer is not None:  # a custom loop: the data set knows
@@ -237,6 +240,8 @@ class RFDETRModelModule(pl.LightningModule):
         self._evaluators = {}
         for evaluator in evaluators.values():
             evaluator.gather()
+        if self.keep_evaluations:
+            self.kept_evaluations = evaluators
         if not any(len(evaluator) for evaluator in evaluators.values()):
             return  # no batch anywhere (limit_val_batches=0, say)
         scores = ({key: (evaluator.compute(), evaluator.coco_stats) for key, evaluator in evaluators.items()}
