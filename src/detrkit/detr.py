@@ -138,6 +138,29 @@ class RFDETR(Predictor):
                             threshold, map_tolerance, min_matched, check_images, quantize, calibration_images,
                             sampling)
 
+    def evaluate(self, dataset_dir: str | os.PathLike, split: str = "valid", batch_size: int | None = None,
+                 eval_backend: str | None = None, threshold: float | None = None,
+                 output_dir: str | os.PathLike | None = None, plots: bool = True, **kwargs: Any):
+        """Score the model on `split` ("valid", "test" or "train", unaugmented) of a COCO or YOLO
+        folder with the metric training validation logs (the same numbers), and analyse it:
+        returns a detrkit.analysis.result.EvaluationResult (overall and per-class AP/AR,
+        precision/recall/F1 at the best confidence, the sweep, data set stats, TIDE breakdown).
+        With `plots`, PNGs go to `output_dir/plots/` (default output_dir: TrainConfig's); the
+        confusion matrix and galleries use `threshold` (default: the best confidence). Other
+        keywords are TrainConfig fields (num_workers, eval_max_dets, ...)."""
+        from detrkit.analysis.evaluate import evaluate_detector
+
+        given = dict(batch_size=batch_size, eval_backend=eval_backend, output_dir=output_dir)
+        train_config = self.get_train_config(dataset_dir=str(dataset_dir), **{k: v for k, v in given.items()
+                                                                             if v is not None}, **kwargs)
+        result = evaluate_detector(self.model, self.model_config, train_config, self.class_names, split,
+                                   type(self).__name__)
+        if plots:
+            from detrkit.analysis.report import write_plots
+
+            result = write_plots(result, Path(train_config.output_dir) / "plots", threshold)
+        return result
+
     def get_train_config(self, **kwargs: Any) -> TrainConfig:
         """The TrainConfig that train(**kwargs) would use (Lightning Trainer arguments aside)."""
         return self.train_config_class(**kwargs)

@@ -45,7 +45,9 @@ class EvaluationResult:
     errors: TideBreakdown
     detections: list[dict[str, torch.Tensor]] = field(repr=False)
     truth: list[dict[str, torch.Tensor]] = field(repr=False)
-    plots: list[Path] = field(default_factory=list)
+    image_paths: list[Path] = field(default_factory=list, repr=False)  # the split's images, in order
+    class_names: list[str] = field(default_factory=list)
+    plots: list[Path] = field(default_factory=list)  # the PNGs written for it
 
     @property
     def map_50_95(self) -> float:
@@ -93,7 +95,8 @@ def per_class_results(detections: Sequence[dict[str, torch.Tensor]], truth: Sequ
     metric = OnePassCocoMeanAveragePrecision(backend=backend, max_detection_thresholds=[1, 10, max_dets],
                                              class_metrics=True, num_classes=len(class_names),
                                              sync_on_compute=False)
-    metric.update([{k: d[k] for k in ("boxes", "scores", "labels")} for d in detections],
+    named = [d["labels"] < len(class_names) for d in detections]  # a head wider than the data set's classes
+    metric.update([{k: d[k][keep] for k in ("boxes", "scores", "labels")} for d, keep in zip(detections, named)],
                   [{k: t[k] for k in ("boxes", "labels", "iscrowd", "area") if k in t} for t in truth])
     scores = metric.compute()
     ap = scores["map_per_class"].reshape(-1).tolist()
