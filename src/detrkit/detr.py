@@ -208,6 +208,12 @@ class RFDETR(Predictor):
         if train_config.run_test and datamodule.splits.test is not None:
             self._test_best_weights(trainer, module, datamodule)
         self.model.to(self.device).eval()
+        if train_config.evaluation_plots and trainer.world_size == 1:  # the final weights, on the validation split
+            keep = ("dataset_dir", "output_dir", "eval_batch_size", "batch_size", "num_workers", "eval_backend",
+                    "eval_max_dets", "device", "amp_dtype", "dataset_file", "square_resize_div_64", "skip_bad_images",
+                    "eval_masks_head_resolution", "keypoint_oks_sigmas")
+            self.evaluate(**train_config.model_dump(include=set(keep) & set(type(train_config).model_fields)),
+                          progress_bar=None)
 
     def _settle_precision_and_batch(self, train_config):
         """The deprecated amp=False folded into amp_dtype; batch_size="auto" probed on the training

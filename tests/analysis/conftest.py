@@ -11,8 +11,8 @@ from detrkit.datasets.synthetic import make_synthetic_dataset
 from detrkit.losses.criterion import build_criterion
 from detrkit.training import RFDETRDataModule
 
-FAST = dict(epochs=1, batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, seed=0, use_ema=False,
-            lr=1e-6, lr_encoder=1e-6, evaluation_plots=False)
+FAST = {"epochs": 1, "batch_size": 2, "num_workers": 0, "progress_bar": None, "tensorboard": False, "seed": 0,
+        "use_ema": False, "lr": 1e-6, "lr_encoder": 1e-6}
 
 
 @pytest.fixture(scope="package")
@@ -39,7 +39,7 @@ def fit_to_validation(model: RFDETRNano, dataset_dir, steps: int = 60) -> None:
 
 @pytest.fixture(scope="package")
 def trained(shapes_dir, tmp_path_factory):
-    """(model, output_dir) after train()."""
+    """(model, output_dir) after train(), which drew its plots (evaluation_plots defaults to True)."""
     torch.manual_seed(0)
     output = tmp_path_factory.mktemp("run")
     model = RFDETRNano(**TINY)
