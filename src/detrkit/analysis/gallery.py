@@ -76,7 +76,7 @@ def plot_gallery(paths: Sequence[Path], detections: Sequence[dict[str, torch.Ten
             colour = TRUE_POSITIVE if outcome.true_positive[k] else FALSE_POSITIVE
             _box(right, detection["boxes"][d].tolist(), colour,
                  f"{_name(class_names, int(detection['labels'][d]))} {float(detection['scores'][d]):.2f}")
-        right.set_title(f"predictions >= {threshold:.2f}: {int(outcome.true_positive.sum())} right, "
+        right.set_title(f">= {threshold:.2f}: {int(outcome.true_positive.sum())} right, "
                         f"{int((~outcome.true_positive).sum())} false, {int(outcome.missed.sum())} missed", fontsize=9)
     figure.suptitle(title)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,11 +94,12 @@ def worst_images(detections: Sequence[dict[str, torch.Tensor]], truth: Sequence[
 
 
 def _box(axis, box: Sequence[float], colour: str, text: str, dashed: bool = False) -> None:
+    """A box with its label above it (missed boxes: below, clear of a detection's label)."""
     x0, y0, x1, y1 = box
     axis.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor=colour, linewidth=1.8,
                              linestyle="--" if dashed else "-"))
-    axis.text(x0, y0, text, fontsize=7, color="white", va="bottom",
-              bbox=dict(facecolor=colour, edgecolor="none", pad=1, alpha=0.85))
+    axis.text(x0, y1 if dashed else y0, text, fontsize=7, color="white", va="top" if dashed else "bottom",
+              bbox={"facecolor": colour, "edgecolor": "none", "pad": 1, "alpha": 0.85})
 
 
 def _name(class_names: Sequence[str], label: int) -> str:

@@ -27,7 +27,7 @@ def plot_confusion(matrix: np.ndarray, class_names: Sequence[str], threshold: fl
     for axis, values, title in ((axes[0], matrix, "counts"), (axes[1], normalised(matrix), "normalised by true class")):
         image = axis.imshow(values, cmap="Blues", vmin=0)
         axis.set(xticks=range(len(names)), yticks=range(len(names)), xlabel="predicted", ylabel="true",
-                 title=f"{title} (confidence >= {threshold:.2f}, IoU 0.5)")
+                 title=title)
         axis.set_xticklabels(names, rotation=45, ha="right")
         axis.set_yticklabels(names)
         peak = values.max() if values.size and values.max() > 0 else 1
@@ -36,14 +36,16 @@ def plot_confusion(matrix: np.ndarray, class_names: Sequence[str], threshold: fl
                 axis.text(column, row, f"{value:.2f}" if values.dtype.kind == "f" else str(value), ha="center",
                           va="center", fontsize=8, color="white" if value > peak / 2 else "black")
         figure.colorbar(image, ax=axis, shrink=0.8)
+    figure.suptitle(f"confusion matrix at confidence >= {threshold:.2f}, IoU 0.5")
     return _save(figure, path)
 
 
 def plot_precision_recall(curves: Sequence[PrecisionRecall], class_names: Sequence[str], path: Path) -> Path:
     figure, axis = plt.subplots(figsize=(6, 5), layout="constrained")
     for index, curve in enumerate(curves):
-        axis.plot(curve.recall, curve.precision, color=COLOURS[index % len(COLOURS)], linewidth=1.5,
-                  label=f"{class_names[curve.label]} AP50 {curve.ap:.3f}")
+        envelope = np.maximum.accumulate(curve.precision[::-1])[::-1] if len(curve.precision) else np.zeros(1)
+        axis.plot(np.r_[0.0, curve.recall], np.r_[envelope[0], envelope], drawstyle="steps-pre", linewidth=1.5,
+                  color=COLOURS[index % len(COLOURS)], label=f"{class_names[curve.label]} AP50 {curve.ap:.3f}")
     mean = np.mean([curve.ap for curve in curves]) if curves else 0.0
     axis.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="recall", ylabel="precision",
              title=f"precision-recall at IoU 0.5 (mean AP50 {mean:.3f})")
@@ -81,7 +83,7 @@ def plot_tide(breakdown: TideBreakdown, path: Path) -> Path:
         axis.annotate(f"{bar.get_height():.2f}\n({breakdown.counts[kind]})", (bar.get_x() + bar.get_width() / 2,
                       bar.get_height()), ha="center", va="bottom", fontsize=8)
     axis.set(ylabel="dAP50 (points)", ylim=(0, max(values + [1.0]) * 1.25),
-             title=f"TIDE: AP50 {100 * breakdown.ap:.1f} lost to each error (count)")
+             title=f"TIDE: AP50 {100 * breakdown.ap:.1f}; AP50 gained by fixing each error type (count)")
     return _save(figure, path)
 
 
