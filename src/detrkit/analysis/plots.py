@@ -23,7 +23,7 @@ def plot_confusion(matrix: np.ndarray, class_names: Sequence[str], threshold: fl
     """Counts beside the row-normalised matrix (true class down, predicted across)."""
     names = [*class_names, "background"]
     size = max(4.0, 0.55 * len(names) + 2.5)
-    figure, axes = plt.subplots(1, 2, figsize=(2 * size + 1, size), layout="constrained")
+    figure, axes = plt.subplots(1, 2, figsize=(2 * size + 1, size + 0.6), layout="constrained")
     for axis, values, title in ((axes[0], matrix, "counts"), (axes[1], normalised(matrix), "normalised by true class")):
         image = axis.imshow(values, cmap="Blues", vmin=0)
         axis.set(xticks=range(len(names)), yticks=range(len(names)), xlabel="predicted", ylabel="true",
