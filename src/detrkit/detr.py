@@ -208,12 +208,19 @@ class RFDETR(Predictor):
         if train_config.run_test and datamodule.splits.test is not None:
             self._test_best_weights(trainer, module, datamodule)
         self.model.to(self.device).eval()
-        if train_config.evaluation_plots and trainer.world_size == 1:  # the final weights, on the validation split
-            keep = ("dataset_dir", "output_dir", "eval_batch_size", "batch_size", "num_workers", "eval_backend",
-                    "eval_max_dets", "device", "amp_dtype", "dataset_file", "square_resize_div_64", "skip_bad_images",
-                    "eval_masks_head_resolution", "keypoint_oks_sigmas")
-            self.evaluate(**train_config.model_dump(include=set(keep) & set(type(train_config).model_fields)),
-                          progress_bar=None)
+        if train_config.evaluation_plots and trainer.world_size == 1:
+            self._plot_after_training(module, train_config)
+
+    def _plot_after_training(self, module, train_config: TrainConfig) -> None:
+        """evaluate()'s plots on the validation split, of the weights validation scored last (the EMA
+        unless the live weights are scored too)."""
+        from detrkit.analysis.evaluate import evaluate_detector
+        from detrkit.analysis.report import write_plots
+
+        detector = self.model if module.evaluates_base_model or not module.ema.updates else module.ema.module
+        config = train_config.model_copy(update={"progress_bar": None})
+        result = evaluate_detector(detector, self.model_config, config, self.class_names, "valid", type(self).__name__)
+        write_plots(result, Path(train_config.output_dir) / "plots")
 
     def _settle_precision_and_batch(self, train_config):
         """The deprecated amp=False folded into amp_dtype; batch_size="auto" probed on the training
