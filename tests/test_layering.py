@@ -8,7 +8,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).parent.parent / "src" / "detrkit"
 # data flows one way; a package may import the foundation and the packages before it
 # (key_points and predictor: predict()'s outputs and loop, shared by the model and exported files)
-ORDER = ["datasets", "models", "losses", "training", "evaluation", "checkpoints", "key_points", "predictor", "export"]
+ORDER = ["datasets", "models", "losses", "training", "evaluation", "analysis", "checkpoints", "key_points", "predictor", "export"]
 FOUNDATION = {"config", "structures", "ops", "version"}
 WIRING = {"detr", "cli", "demo", "variants", "__init__"}
 

@@ -17,7 +17,7 @@ from detrkit.config import TrainConfig
 from detrkit.datasets.synthetic import make_synthetic_dataset
 from detrkit.variants import VARIANTS
 
-FAST = dict(batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, seed=0)
+FAST = dict(batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, evaluation_plots=False, seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The `detrkit` command line: the demo, training on a folder, prediction on an image, and export."""
+"""The `detrkit` command line: the demo, training on a folder, scoring a checkpoint, prediction, export."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--save-image", type=Path, default=Path("predictions.png"),
                          help="where to write the drawing (default predictions.png)")
     _add_export_parser(commands)
+    _add_val_parser(commands)
     return parser
 
 
@@ -65,6 +66,22 @@ class _SubcommandsWith:
 
     def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
         return self.commands.add_parser(name, parents=[self.common], **kwargs)
+
+
+def _add_val_parser(commands: _SubcommandsWith) -> None:
+    val = commands.add_parser(
+        "val", help="score a checkpoint on a data set split, with per-class numbers, errors and plots",
+        description="Rebuild the model saved in CHECKPOINT and score it on DATASET's split with the metric "
+                    "training validation logs; print the table and write plots to OUTPUT/plots/.")
+    val.add_argument("--checkpoint", required=True, type=Path, help="a .pth file written by train()")
+    val.add_argument("--dataset", required=True, type=Path, help="dataset folder (format detected)")
+    val.add_argument("--split", choices=("valid", "test", "train"), default="valid")
+    val.add_argument("--batch-size", type=int, default=4)
+    val.add_argument("--threshold", type=float, help="confidence for the confusion matrix and galleries "
+                     "(default: the best F1's)")
+    val.add_argument("--output", type=Path, default=Path("output"), help="folder for plots/ (default ./output)")
+    val.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    val.add_argument("--no-plots", action="store_true", help="only print the numbers")
 
 
 def _add_export_parser(commands: _SubcommandsWith) -> None:
@@ -208,6 +225,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return _train(args, parser)
     if args.command == "export":
         return _export(args)
+    if args.command == "val":
+        return _val(args)
     return _predict(args)
 
 
@@ -219,6 +238,23 @@ def _export(args: argparse.Namespace) -> int:
                         simplify=not args.no_simplify, check=not args.no_check, dataset_dir=args.dataset,
                         quantize=args.quantize, sampling=args.sampling)
     print(f"exported to {path}")
+    return 0
+
+
+def _val(args: argparse.Namespace) -> int:
+    import torch
+
+    from detrkit.detr import from_checkpoint
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = from_checkpoint(args.checkpoint, device=device)
+    result = model.evaluate(args.dataset, split=args.split, batch_size=args.batch_size, threshold=args.threshold,
+                            output_dir=args.output, plots=not args.no_plots, progress_bar=None)
+    print(result.summary())
+    print("TIDE dAP@50: " + ", ".join(f"{kind} {value:.4f} ({result.errors.counts[kind]})"
+                                      for kind, value in result.errors.delta.items()))
+    if result.plots:
+        print(f"plots written to {args.output / 'plots'}")
     return 0
 
 

@@ -138,6 +138,29 @@ class RFDETR(Predictor):
                             threshold, map_tolerance, min_matched, check_images, quantize, calibration_images,
                             sampling)
 
+    def evaluate(self, dataset_dir: str | os.PathLike, split: str = "valid", batch_size: int | None = None,
+                 eval_backend: str | None = None, threshold: float | None = None,
+                 output_dir: str | os.PathLike | None = None, plots: bool = True, **kwargs: Any):
+        """Score the model on `split` ("valid", "test" or "train", unaugmented) of a COCO or YOLO
+        folder with the metric training validation logs (the same numbers), and analyse it:
+        returns a detrkit.analysis.result.EvaluationResult (overall and per-class AP/AR,
+        precision/recall/F1 at the best confidence, the sweep, data set stats, TIDE breakdown).
+        With `plots`, PNGs go to `output_dir/plots/` (default output_dir: TrainConfig's); the
+        confusion matrix and galleries use `threshold` (default: the best confidence). Other
+        keywords are TrainConfig fields (num_workers, eval_max_dets, ...)."""
+        from detrkit.analysis.evaluate import evaluate_detector
+
+        given = dict(batch_size=batch_size, eval_backend=eval_backend, output_dir=output_dir)
+        train_config = self.get_train_config(dataset_dir=str(dataset_dir), **{k: v for k, v in given.items()
+                                                                             if v is not None}, **kwargs)
+        result = evaluate_detector(self.model, self.model_config, train_config, self.class_names, split,
+                                   type(self).__name__)
+        if plots:
+            from detrkit.analysis.report import write_plots
+
+            result = write_plots(result, Path(train_config.output_dir) / "plots", threshold)
+        return result
+
     def get_train_config(self, **kwargs: Any) -> TrainConfig:
         """The TrainConfig that train(**kwargs) would use (Lightning Trainer arguments aside)."""
         return self.train_config_class(**kwargs)
@@ -190,6 +213,19 @@ class RFDETR(Predictor):
             plot_results(os.path.join(train_config.output_dir, "metrics.csv"),
                          os.path.join(train_config.output_dir, "plots", "results.png"))
         self.model.to(self.device).eval()
+        if train_config.evaluation_plots and trainer.world_size == 1:
+            self._plot_after_training(module, train_config)
+
+    def _plot_after_training(self, module, train_config: TrainConfig) -> None:
+        """evaluate()'s plots on the validation split, of the weights validation scored last (the EMA
+        unless the live weights are scored too)."""
+        from detrkit.analysis.evaluate import evaluate_detector
+        from detrkit.analysis.report import write_plots
+
+        detector = self.model if module.evaluates_base_model or not module.ema.updates else module.ema.module
+        config = train_config.model_copy(update={"progress_bar": None})
+        result = evaluate_detector(detector, self.model_config, config, self.class_names, "valid", type(self).__name__)
+        write_plots(result, Path(train_config.output_dir) / "plots")
 
     def _settle_precision_and_batch(self, train_config):
         """The deprecated amp=False folded into amp_dtype; batch_size="auto" probed on the training

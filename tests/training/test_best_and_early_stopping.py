@@ -12,7 +12,7 @@ from detrkit.datasets.synthetic import make_synthetic_dataset
 from detrkit.training.callbacks.early_stopping import MetricEarlyStopping
 from detrkit.training.checkpoints import BestModels
 
-FAST = dict(batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, seed=0)
+FAST = dict(batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, evaluation_plots=False, seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from detrkit.datasets.synthetic import make_synthetic_dataset
 from detrkit.models.weights import CheckpointError
 from detrkit.training.checkpoints import AtomicCheckpointIO, save_atomically
 
-FAST = dict(batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, seed=0)
+FAST = dict(batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, evaluation_plots=False, seed=0)
 STEPS_PER_EPOCH = 5  # 6 training images, batch 2: the tiny-set minimum of 5 steps applies
 
 

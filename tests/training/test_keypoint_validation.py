@@ -14,7 +14,7 @@ from detrkit.variants import RFDETRKeypointPreview
 
 KEYPOINTS = dict(use_grouppose_keypoints=True, dual_projector=True, dual_projector_kp_only=True,
                  num_keypoints_per_class=[4, 4, 4], patch_size=16, num_windows=2)
-FAST = dict(batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, seed=0, skip_best_epochs=0)
+FAST = dict(batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, evaluation_plots=False, seed=0, skip_best_epochs=0)
 
 
 def tiny_pose(**changes) -> RFDETRKeypointPreview:

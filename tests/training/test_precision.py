@@ -143,7 +143,7 @@ def shapes(tmp_path_factory):
                                   image_size=(64, 64), seed=0)
 
 
-FAST = dict(epochs=1, batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, seed=0, max_steps=2)
+FAST = dict(epochs=1, batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, evaluation_plots=False, seed=0, max_steps=2)
 
 
 def test_deprecated_amp_false_trains_in_fp32(tiny_kwargs, shapes, tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from detrkit import RFDETRNano
 from detrkit.datasets.synthetic import make_synthetic_dataset
 
-FAST = dict(epochs=1, batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, seed=0)
+FAST = dict(epochs=1, batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, evaluation_plots=False, seed=0)
 
 
 @pytest.fixture(scope="module")

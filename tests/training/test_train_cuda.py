@@ -13,7 +13,7 @@ from detrkit import RFDETRNano, from_checkpoint
 from detrkit.datasets.synthetic import make_synthetic_dataset
 
 pytestmark = pytest.mark.gpu
-FAST = dict(batch_size=2, num_workers=2, progress_bar=None, tensorboard=False, seed=0, checkpoint_interval=1)
+FAST = dict(batch_size=2, num_workers=2, progress_bar=None, tensorboard=False, evaluation_plots=False, seed=0, checkpoint_interval=1)
 
 
 @pytest.fixture(scope="module")

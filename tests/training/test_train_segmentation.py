@@ -21,7 +21,7 @@ from detrkit.training.coco_map import OnePassCocoMeanAveragePrecision
 from detrkit.training.evaluation import DetectionEvaluator, with_masks
 from detrkit.variants import RFDETRSegNano
 
-FAST = dict(batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, seed=0)
+FAST = dict(batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, evaluation_plots=False, seed=0)
 
 
 def decoded(masks: EncodedMasks) -> torch.Tensor:

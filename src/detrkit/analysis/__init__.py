@@ -1,1 +1,1 @@
-"""Looking at results: plots of a run and of an evaluation (matplotlib, headless)."""
+"""Looking at results: evaluate()'s result object, error breakdown, plots of a run and of an evaluation (matplotlib, headless)."""

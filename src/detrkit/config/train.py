@@ -124,6 +124,7 @@ class TrainConfig(StrictConfig):
     compute_train_metrics: bool = False  # training-set mAP: not implemented (issue 23)
     log_per_class_metrics: bool = False
     run_test: bool = False
+    evaluation_plots: bool = True  # after fit: evaluate() on the validation split, PNGs in output_dir/plots/
     resume: PathStr | None = None  # a full checkpoint (last.ckpt, checkpoint_<epoch>.ckpt) or a .pth
     use_ema: bool = True
     ema_decay: float = Field(0.993, ge=0, lt=1)

@@ -57,6 +57,16 @@ class DetectionEvaluator:
     def __len__(self) -> int:
         return len(self._detections)
 
+    @property
+    def detections(self) -> list[dict[str, torch.Tensor]]:
+        """Every image's detections so far, on the CPU (torchmetrics-style dicts, pixels xyxy)."""
+        return [{k: v.cpu() for k, v in d.items()} for d in self._detections]
+
+    @property
+    def truth(self) -> list[dict[str, torch.Tensor]]:
+        """Every image's ground truth so far, on the CPU, as `detections` is scored against it."""
+        return [{k: v.cpu() for k, v in t.items()} for t in self._truth]
+
     def gather(self) -> None:
         """Take in every process's images (distributed runs), in the data set's order: process r
         of W scored images r, r + W, r + 2W, ... (see RFDETRDataModule), so interleaving their

@@ -75,6 +75,9 @@ class RFDETRModelModule(pl.LightningModule):
         self._padding_only = False  # this process's evaluation batches only pad (see PaddingShare)
         # "val/", "val/ema_", "test/" -> COCOeval's twelve summary numbers of the last evaluation
         self.coco_stats: dict[str, list[float]] = {}
+        # evaluate() reads the last evaluation's detections here (analysis/evaluate.py)
+        self.keep_evaluations = False
+        self.kept_evaluations: dict[str, DetectionEvaluator] = {}
 
     def setup(self, stage: str) -> None:
         if self.class_names is None and self.trainer is not None:  # a custom loop: the data set knows
@@ -257,6 +260,8 @@ class RFDETRModelModule(pl.LightningModule):
         self._evaluators = {}
         for evaluator in evaluators.values():
             evaluator.gather()
+        if self.keep_evaluations:
+            self.kept_evaluations = evaluators
         if not any(len(evaluator) for evaluator in evaluators.values()):
             return  # no batch anywhere (limit_val_batches=0, say)
         scores = ({key: (evaluator.compute(), evaluator.coco_stats) for key, evaluator in evaluators.items()}
