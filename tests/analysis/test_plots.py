@@ -80,7 +80,17 @@ def test_write_plots_from_a_result(tmp_path):
 
 def test_plots_after_train_and_from_evaluate(trained, shapes_dir):
     model, output = trained
-    assert {path.name for path in (output / "plots").glob("*.png")} == PLOTS  # written by train()
+    assert {path.name for path in (output / "plots").glob("*.png")} == PLOTS | {"results.png"}  # written by train(), with the run's results.png
     result = model.evaluate(shapes_dir, num_workers=0, output_dir=str(output / "eval"), threshold=0.3)
     assert sorted(result.plots) == sorted((output / "eval" / "plots").glob("*.png"))
     assert {path.name for path in result.plots} == PLOTS and all(is_drawn_png(path) for path in result.plots)
+
+
+def test_precision_recall_plot_draws_a_class_without_detections(tmp_path):
+    from detrkit.analysis.curves import PrecisionRecall
+    from detrkit.analysis.plots import plot_precision_recall
+
+    curves = [PrecisionRecall(0, np.array([0.5, 1.0]), np.array([1.0, 0.5]), 0.75),
+              PrecisionRecall(1, np.zeros(0), np.zeros(0), 0.0)]  # a class the model never predicted
+    path = plot_precision_recall(curves, ["a", "b"], tmp_path / "pr.png")
+    assert is_drawn_png(path)

@@ -43,8 +43,12 @@ def plot_confusion(matrix: np.ndarray, class_names: Sequence[str], threshold: fl
 def plot_precision_recall(curves: Sequence[PrecisionRecall], class_names: Sequence[str], path: Path) -> Path:
     figure, axis = plt.subplots(figsize=(6, 5), layout="constrained")
     for index, curve in enumerate(curves):
-        envelope = np.maximum.accumulate(curve.precision[::-1])[::-1] if len(curve.precision) else np.zeros(1)
-        axis.plot(np.r_[0.0, curve.recall], np.r_[envelope[0], envelope], drawstyle="steps-pre", linewidth=1.5,
+        if len(curve.precision):
+            envelope = np.maximum.accumulate(curve.precision[::-1])[::-1]
+            recall, precision = np.r_[0.0, curve.recall], np.r_[envelope[0], envelope]
+        else:  # no detection of this class: a flat line at 0
+            recall, precision = np.array([0.0, 1.0]), np.zeros(2)
+        axis.plot(recall, precision, drawstyle="steps-pre", linewidth=1.5,
                   color=COLOURS[index % len(COLOURS)], label=f"{class_names[curve.label]} AP50 {curve.ap:.3f}")
     mean = np.mean([curve.ap for curve in curves]) if curves else 0.0
     axis.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="recall", ylabel="precision",
