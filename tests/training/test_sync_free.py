@@ -22,6 +22,8 @@ from torch.overrides import TorchFunctionMode
 from detrkit.config import TrainConfig
 from detrkit.datasets.synthetic import make_synthetic_dataset
 from detrkit.training import RFDETRDataModule, RFDETRModelModule, build_trainer
+from detrkit.training.callbacks import nonfinite
+from detrkit.training.callbacks.nonfinite import check_interval as nonfinite_interval
 from detrkit.training.ema import ModelEMA
 from detrkit.variants import RFDETRNanoConfig
 
@@ -142,7 +144,9 @@ def watched_fit(data: Path, output: Path, tiny_kwargs: dict, watch, steps: int =
     return module
 
 
-def test_training_steps_never_wait_for_the_device(data, tmp_path, tiny_kwargs):
+def test_training_steps_never_wait_for_the_device(data, tmp_path, tiny_kwargs, monkeypatch):
+    # the non-finite guard reads its flag every step on the CPU, where it is free, and every 10th on CUDA
+    monkeypatch.setattr(nonfinite, "check_interval", lambda device_type: nonfinite_interval("cuda"))
     recorder = SyncRecorder()
     with recorder:
         watched_fit(data, tmp_path, tiny_kwargs, recorder)

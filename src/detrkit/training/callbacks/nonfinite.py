@@ -37,6 +37,11 @@ class StepRecord:
                 f"image ids {list(self.image_ids)}")
 
 
+def check_interval(device_type: str) -> int:
+    """Steps between reads of the device flag: every step on the CPU (a read costs nothing there), else every 10th."""
+    return 1 if device_type == "cpu" else 10
+
+
 class NonFiniteLossGuard(pl.Callback):
     """Raises NonFiniteLossError for a NaN or infinite training loss, or skips the step (with a
     warning) for the first `skip_steps` of them. The module calls `admit` with each step's loss."""
@@ -49,7 +54,7 @@ class NonFiniteLossGuard(pl.Callback):
         self._check_every = 1
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._check_every = 1 if trainer.strategy.root_device.type == "cpu" else 10
+        self._check_every = check_interval(trainer.strategy.root_device.type)
 
     def admit(self, loss: torch.Tensor, batch: Batch, trainer: pl.Trainer, batch_idx: int) -> bool:
         """Whether to back-propagate this step's `loss`; False skips it (a budget step)."""
