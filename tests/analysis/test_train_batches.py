@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 from canvas_pixels import canvas, pixel, rendered, tinted
+from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.patches import Rectangle
 
 from detrkit.analysis.drawing import class_colour
@@ -46,10 +47,11 @@ def test_train_sample_draws_the_targets_boxes_names_masks_and_keypoints():
     (box,) = [patch for patch in axis.patches if isinstance(patch, Rectangle)]
     assert (box.get_x(), box.get_y(), box.get_width(), box.get_height()) == (20, 15, 40, 10)
     assert [text.get_text() for text in axis.texts] == ["square"]
-    solid, ring = axis.collections[-2:]
+    (skeleton,) = [marks for marks in axis.collections if type(marks) is LineCollection]
+    solid, ring = [marks for marks in axis.collections if isinstance(marks, PathCollection)]
     np.testing.assert_allclose(solid.get_offsets(), [[20, 20], [60, 20]])  # visible
     np.testing.assert_allclose(ring.get_offsets(), [[40, 10]])  # occluded; the unlabelled one is left out
-    np.testing.assert_allclose(axis.collections[0].get_segments(), [[[20, 20], [60, 20]], [[60, 20], [40, 10]]])
+    np.testing.assert_allclose(skeleton.get_segments(), [[[20, 20], [60, 20]], [[60, 20], [40, 10]]])
     pixels = rendered(figure)
     np.testing.assert_allclose(pixel(pixels, 30, 22), tinted(class_colour(1)), atol=0.02)  # inside the mask
     np.testing.assert_allclose(pixel(pixels, 50, 22), 0, atol=0.02)  # the box's other half: untouched

@@ -43,14 +43,20 @@ def draw_box(axis, box: Sequence[float], colour: str, text: str, dashed: bool = 
 
 
 def overlay_masks(axis, masks: np.ndarray, colours: Sequence[str], size: tuple[int, int]) -> None:
-    """(N, h, w) bool masks tinted in their colours (MASK_ALPHA), stretched over an image of
-    `size` (H, W); pixels outside every mask stay untouched (alpha 0). Later masks lie on top."""
+    """(N, h, w) bool masks tinted in their colours (MASK_ALPHA) and outlined, stretched over an
+    image of `size` (H, W); pixels outside every mask stay untouched (alpha 0). Later masks lie on top."""
     if not len(masks):
         return
     overlay = np.zeros((*masks.shape[1:], 4))  # (h, w, RGBA)
     for mask, colour in zip(masks, colours, strict=True):
         overlay[mask] = (*to_rgb(colour), MASK_ALPHA)
     axis.imshow(overlay, extent=(0, size[1], size[0], 0), interpolation="nearest")
+    # the outline at the mask pixels' centres: visible where the tint is close to the object's colour
+    columns = (np.arange(masks.shape[2]) + 0.5) * size[1] / masks.shape[2]
+    rows = (np.arange(masks.shape[1]) + 0.5) * size[0] / masks.shape[1]
+    for mask, colour in zip(masks, colours):
+        if mask.any() and not mask.all():
+            axis.contour(columns, rows, mask.astype(np.float32), levels=[0.5], colors=[colour], linewidths=1.0)
 
 
 def draw_keypoints(axis, points: np.ndarray, shown: np.ndarray, hollow: np.ndarray, edges: Edges,
