@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import matplotlib
@@ -15,6 +16,8 @@ from matplotlib.patches import Rectangle
 
 CLASS_COLOURS = [matplotlib.colors.to_hex(colour) for colour in plt.get_cmap("tab10").colors]
 MASK_ALPHA = 0.45
+LABEL_ROOM = 0.07  # of the image's height: a label needs about this much above (below) its box
+MAX_DRAWN_SIDE = 400  # pixels; images and masks larger are subsampled before drawing
 Edges = Sequence[tuple[int, int]]  # skeleton edges between keypoint slots, 0-based
 
 
@@ -26,19 +29,32 @@ def class_name(class_names: Sequence[str], label: int) -> str:
     return class_names[label] if 0 <= label < len(class_names) else f"class {label}"
 
 
-def show_image(axis, image: np.ndarray) -> None:
-    """(H, W, 3) uint8 with pixel (0, 0) spanning [0, 1) x [0, 1): box and keypoint pixels land as given."""
-    height, width = image.shape[:2]
+def show_image(axis, image: np.ndarray, size: tuple[int, int] | None = None) -> None:
+    """(h, w, 3) uint8 stretched over an image of `size` (H, W; default its own), pixel (0, 0)
+    spanning [0, 1) x [0, 1): box and keypoint pixels of that image land as given."""
+    height, width = size or image.shape[:2]
     axis.imshow(image, extent=(0, width, height, 0), interpolation="nearest")
     axis.set_axis_off()
 
 
+def drawing_step(size: tuple[int, int]) -> int:
+    """The stride that brings an image of `size` to at most MAX_DRAWN_SIDE pixels a side: finer
+    than a gallery cell shows, and it keeps the rasterising and mask outlines cheap."""
+    return max(1, math.ceil(max(size) / MAX_DRAWN_SIDE))
+
+
 def draw_box(axis, box: Sequence[float], colour: str, text: str, dashed: bool = False) -> None:
-    """An xyxy box with its label above it (dashed boxes: below, clear of a solid box's label)."""
+    """An xyxy box with its label above it (dashed boxes: below, clear of a solid box's label);
+    inside the box where that would leave the image."""
     x0, y0, x1, y1 = box
     axis.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor=colour, linewidth=1.8,
                              linestyle="--" if dashed else "-"))
-    axis.text(x0, y1 if dashed else y0, text, fontsize=7, color="white", va="top" if dashed else "bottom",
+    bottom, top = axis.get_ylim()  # image rows grow downwards: (H, 0)
+    edge = LABEL_ROOM * (bottom - top)
+    y, below = (y1, True) if dashed else (y0, False)
+    if (below and y > bottom - edge) or (not below and y < top + edge):
+        below = not below
+    axis.text(x0, y, text, fontsize=7, color="white", va="top" if below else "bottom",
               bbox={"facecolor": colour, "edgecolor": "none", "pad": 1, "alpha": 0.85}, clip_on=True)
 
 
@@ -47,6 +63,8 @@ def overlay_masks(axis, masks: np.ndarray, colours: Sequence[str], size: tuple[i
     image of `size` (H, W); pixels outside every mask stay untouched (alpha 0). Later masks lie on top."""
     if not len(masks):
         return
+    step = drawing_step(masks.shape[1:])
+    masks = masks[:, ::step, ::step]  # (N, h / step, w / step)
     overlay = np.zeros((*masks.shape[1:], 4))  # (h, w, RGBA)
     for mask, colour in zip(masks, colours, strict=True):
         overlay[mask] = (*to_rgb(colour), MASK_ALPHA)

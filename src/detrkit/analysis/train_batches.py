@@ -21,6 +21,7 @@ from detrkit.analysis.drawing import (
     class_name,
     draw_box,
     draw_keypoints,
+    drawing_step,
     overlay_masks,
     show_image,
 )
@@ -70,10 +71,12 @@ def draw_sample(axis, image: np.ndarray, target: PixelTarget, class_names: Seque
                 edges: Sequence[Edges]) -> None:
     """One image with its boxes and class names, masks tinted and keypoints (solid visible, rings
     occluded) with their class's skeleton, each object in its class's colour."""
-    show_image(axis, image)
+    size = image.shape[:2]
+    step = drawing_step(size)
+    show_image(axis, image[::step, ::step], size)
     colours = [class_colour(int(label)) for label in target.labels]
     if target.masks is not None:
-        overlay_masks(axis, target.masks, colours, image.shape[:2])
+        overlay_masks(axis, target.masks, colours, size)
     for index, (box, label) in enumerate(zip(target.boxes.tolist(), target.labels.tolist())):
         draw_box(axis, box, colours[index], class_name(class_names, label))
         if target.keypoints is not None:
@@ -89,15 +92,18 @@ def plot_train_batch(batch: Batch, class_names: Sequence[str], edges: Sequence[E
     images = batch_images(batch.pixels[:count])
     columns = min(COLUMNS, count)
     rows = math.ceil(count / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.2 * rows), layout="constrained",
-                                squeeze=False)
+    # a fixed layout: matplotlib's constrained one takes seconds on a grid of labelled images
+    figure, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.4 * rows + 0.4), squeeze=False,
+                                gridspec_kw={"left": 0.01, "right": 0.99, "bottom": 0.01, "wspace": 0.04,
+                                             "top": 1 - 0.45 / (3.4 * rows + 0.4), "hspace": 0.12})
     for axis in axes.flat:
         axis.set_axis_off()
     for index, (axis, target) in enumerate(zip(axes.flat, batch.targets[:count])):
         height, width = target.size
         drawn = pixel_target(target)
         draw_sample(axis, images[index, :height, :width], drawn, class_names, edges)
-        axis.set_title(f"image {target.image_id}: {len(drawn.labels)} objects, {width}x{height}", fontsize=8)
+        count_text = f"{len(drawn.labels)} object{'' if len(drawn.labels) == 1 else 's'}"
+        axis.set_title(f"image {target.image_id}: {count_text}, {width}x{height}", fontsize=8)
     figure.suptitle(title)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=90)
