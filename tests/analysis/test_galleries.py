@@ -82,3 +82,20 @@ def test_mask_overlay_stretches_head_resolution_masks_over_the_image():
     pixels = rendered(figure)
     np.testing.assert_allclose(pixel(pixels, 10, 30), tinted(TRUTH), atol=0.02)
     np.testing.assert_allclose(pixel(pixels, 30, 30), 0, atol=0.02)
+
+
+def test_large_masks_are_subsampled_in_place():
+    """Masks over 400 px a side are drawn subsampled, still where they are."""
+    from detrkit.analysis.drawing import overlay_masks
+
+    masks = np.zeros((1, 900, 900), dtype=bool)
+    masks[0, 300:600, :450] = True
+    figure = plt.figure(figsize=(9, 9), dpi=100)  # one rendered pixel per image pixel
+    axis = figure.add_axes((0, 0, 1, 1))
+    axis.imshow(np.zeros((900, 900, 3), np.uint8), extent=(0, 900, 900, 0))
+    overlay_masks(axis, masks, [TRUTH], (900, 900))
+    assert axis.get_images()[1].get_array().shape[:2] == (300, 300)  # every third pixel
+    pixels = rendered(figure)
+    np.testing.assert_allclose(pixels[450, 200], tinted(TRUTH), atol=0.02)
+    np.testing.assert_allclose(pixels[450, 700], 0, atol=0.02)
+    np.testing.assert_allclose(pixels[150, 200], 0, atol=0.02)
