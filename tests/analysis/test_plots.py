@@ -80,7 +80,10 @@ def test_write_plots_from_a_result(tmp_path):
 
 def test_plots_after_train_and_from_evaluate(trained, shapes_dir):
     model, output = trained
-    assert {path.name for path in (output / "plots").glob("*.png")} == PLOTS | {"results.png"}  # written by train(), with the run's results.png
+    # written by train(), with the run's results.png and its first two (augmented) training batches
+    assert {path.name for path in (output / "plots").glob("*.png")} == PLOTS | {"results.png", "train_batch0.png",
+                                                                                "train_batch1.png"}
+    assert is_drawn_png(output / "plots" / "train_batch0.png")
     result = model.evaluate(shapes_dir, num_workers=0, output_dir=str(output / "eval"), threshold=0.3)
     assert sorted(result.plots) == sorted((output / "eval" / "plots").glob("*.png"))
     assert {path.name for path in result.plots} == PLOTS and all(is_drawn_png(path) for path in result.plots)

@@ -160,6 +160,8 @@ def test_resume_keeps_earlier_rows_once(run, data, tmp_path):
             (output / path.name).write_bytes(path.read_bytes())
     before = read_rows(run[0])
     train_and_capture(output, dataset_dir=str(data), epochs=3, resume="last", progress_bar=None)
+    assert (run[0] / "plots" / "train_batch1.png").is_file()
+    assert not list((output / "plots").glob("train_batch*"))  # drawn in epoch 0 only, not again on resume
     rows = read_rows(output)
     assert [row["epoch"] for row in rows] == ["0", "1", "2"]
     for old, new in zip(before, rows):

@@ -52,7 +52,9 @@ def evaluate_detector(detector: torch.nn.Module, model_config: ModelConfig, trai
     metrics = {name: float(value) for name, value in evaluator.compute().items()}
     result = analyse(evaluator.detections, evaluator.truth, names, split, metrics, evaluator.coco_stats,
                      train_config.eval_max_dets, train_config.eval_backend)
-    return dataclasses.replace(result, image_paths=[record.path for record in chosen.records])
+    schema = splits.keypoint_schema
+    return dataclasses.replace(result, image_paths=[record.path for record in chosen.records],
+                               keypoint_skeletons=schema.edges if schema is not None else [])
 
 
 def analyse(detections: list[dict[str, torch.Tensor]], truth: list[dict[str, torch.Tensor]],

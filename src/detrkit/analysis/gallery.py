@@ -1,4 +1,4 @@
-"""Galleries of validation images: ground truth beside predictions, true/false positives and misses marked."""
+"""Galleries of validation images: ground truth beside predictions (boxes, masks, keypoints), errors marked."""
 
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from matplotlib.patches import Rectangle
 from PIL import Image
 from torchvision.ops import box_iou
 
 from detrkit.analysis.confusion import pair_by_iou
+from detrkit.analysis.drawing import Edges, class_name, draw_box, draw_keypoints, overlay_masks, show_image
+from detrkit.training.coco_backends.rle import EncodedMasks, decode_runs, split_runs
 
 TRUTH, TRUE_POSITIVE, FALSE_POSITIVE, MISSED = "#1f77b4", "#2ca02c", "#d62728", "#ff7f0e"
+KEYPOINT_SHOWN = 0.5  # a predicted keypoint is drawn where the model finds it at least this likely
 
 
 @dataclass(frozen=True)
@@ -51,31 +53,21 @@ def image_outcome(detection: dict[str, torch.Tensor], truth: dict[str, torch.Ten
 
 def plot_gallery(paths: Sequence[Path], detections: Sequence[dict[str, torch.Tensor]],
                  truth: Sequence[dict[str, torch.Tensor]], indices: Sequence[int], class_names: Sequence[str],
-                 threshold: float, path: Path, title: str) -> Path:
+                 threshold: float, path: Path, title: str, edges: Sequence[Edges] = ()) -> Path:
     """One row per image in `indices`: ground truth left, predictions right (true positives green,
-    false positives red, missed boxes dashed orange)."""
+    false positives red, missed boxes dashed orange). Masks are tinted in their box's colour and
+    keypoints drawn with their class's skeleton (`edges`), where detections and truth have them."""
     rows = max(len(indices), 1)
     figure, axes = plt.subplots(rows, 2, figsize=(8, 3.2 * rows), layout="constrained", squeeze=False)
     for row, index in enumerate(indices):
         image = np.asarray(Image.open(paths[index]).convert("RGB"))
         outcome = image_outcome(detections[index], truth[index], threshold)
-        crowd = truth[index].get("iscrowd", torch.zeros_like(truth[index]["labels"])).reshape(-1).bool()
-        boxes, labels = truth[index]["boxes"][~crowd].tolist(), truth[index]["labels"][~crowd].tolist()
         left, right = axes[row]
-        for axis in (left, right):
-            axis.imshow(image)
-            axis.set_axis_off()
-        left.set_title(f"{Path(paths[index]).name}: ground truth ({len(boxes)})", fontsize=9)
-        for box, label in zip(boxes, labels):
-            _box(left, box, TRUTH, _name(class_names, label))
-        for box, label, missed in zip(boxes, labels, outcome.missed):
-            if missed:
-                _box(right, box, MISSED, f"missed {_name(class_names, label)}", dashed=True)
-        detection = detections[index]
-        for k, d in enumerate(outcome.kept.tolist()):
-            colour = TRUE_POSITIVE if outcome.true_positive[k] else FALSE_POSITIVE
-            _box(right, detection["boxes"][d].tolist(), colour,
-                 f"{_name(class_names, int(detection['labels'][d]))} {float(detection['scores'][d]):.2f}")
+        show_image(left, image)
+        show_image(right, image)
+        count = draw_truth(left, truth[index], outcome, class_names, edges, right)
+        left.set_title(f"{Path(paths[index]).name}: ground truth ({count})", fontsize=9)
+        draw_predictions(right, detections[index], outcome, class_names, edges)
         right.set_title(f">= {threshold:.2f}: {int(outcome.true_positive.sum())} right, "
                         f"{int((~outcome.true_positive).sum())} false, {int(outcome.missed.sum())} missed", fontsize=9)
     figure.suptitle(title)
@@ -83,6 +75,52 @@ def plot_gallery(paths: Sequence[Path], detections: Sequence[dict[str, torch.Ten
     figure.savefig(path, dpi=90)
     plt.close(figure)
     return path
+
+
+def draw_truth(axis, truth: dict[str, torch.Tensor], outcome: ImageOutcome, class_names: Sequence[str],
+               edges: Sequence[Edges], beside=None) -> int:
+    """The non-crowd ground truth on `axis` (masks, keypoints, named boxes); the missed boxes
+    dashed on `beside`. Returns the count drawn."""
+    crowd = truth.get("iscrowd", torch.zeros_like(truth["labels"])).reshape(-1).bool()
+    boxes, labels = truth["boxes"][~crowd].tolist(), truth["labels"][~crowd].tolist()
+    if "masks" in truth:
+        overlay_masks(axis, dense_masks(truth["masks"])[~crowd.numpy()], [TRUTH] * len(labels), _image_size(axis))
+    if "keypoints" in truth:
+        points = truth["keypoints"][~crowd].numpy()  # (N, K, 3): x, y pixels, visibility 0..2
+        for instance, label in zip(points, labels):
+            draw_keypoints(axis, instance[:, :2], instance[:, 2] > 0, instance[:, 2] == 1, _edges(edges, label), TRUTH)
+    for box, label, missed in zip(boxes, labels, outcome.missed):
+        draw_box(axis, box, TRUTH, class_name(class_names, label))
+        if missed and beside is not None:
+            draw_box(beside, box, MISSED, f"missed {class_name(class_names, label)}", dashed=True)
+    return len(boxes)
+
+
+def draw_predictions(axis, detection: dict[str, torch.Tensor], outcome: ImageOutcome, class_names: Sequence[str],
+                     edges: Sequence[Edges]) -> None:
+    """The detections kept at the threshold, in their outcome's colour, with their masks and the
+    keypoints the model finds (probability >= KEYPOINT_SHOWN)."""
+    kept = outcome.kept.tolist()
+    colours = [TRUE_POSITIVE if hit else FALSE_POSITIVE for hit in outcome.true_positive.tolist()]
+    labels = [int(label) for label in detection["labels"].reshape(-1)[kept]]
+    if "masks" in detection and kept:
+        overlay_masks(axis, dense_masks(detection["masks"])[kept], colours, _image_size(axis))
+    if "keypoints" in detection:
+        for instance, label, colour in zip(detection["keypoints"][kept].numpy(), labels, colours):
+            shown = instance[:, 2] >= KEYPOINT_SHOWN
+            draw_keypoints(axis, instance[:, :2], shown, np.zeros_like(shown), _edges(edges, label), colour)
+    for d, label, colour in zip(kept, labels, colours):
+        draw_box(axis, detection["boxes"][d].tolist(), colour,
+                 f"{class_name(class_names, label)} {float(detection['scores'][d]):.2f}")
+
+
+def dense_masks(masks: torch.Tensor | EncodedMasks) -> np.ndarray:
+    """(N, H, W) bool from dense masks or the metric's run-length encoded ones."""
+    if not isinstance(masks, EncodedMasks):
+        return masks.bool().numpy()
+    height, width = masks.size
+    runs = split_runs(masks.runs.numpy(), masks.lengths.numpy())
+    return np.stack([decode_runs(r, height, width) for r in runs]) if runs else np.zeros((0, height, width), bool)
 
 
 def worst_images(detections: Sequence[dict[str, torch.Tensor]], truth: Sequence[dict[str, torch.Tensor]],
@@ -93,14 +131,11 @@ def worst_images(detections: Sequence[dict[str, torch.Tensor]], truth: Sequence[
     return [i for i in order[:count] if errors[i] > 0]
 
 
-def _box(axis, box: Sequence[float], colour: str, text: str, dashed: bool = False) -> None:
-    """A box with its label above it (missed boxes: below, clear of a detection's label)."""
-    x0, y0, x1, y1 = box
-    axis.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor=colour, linewidth=1.8,
-                             linestyle="--" if dashed else "-"))
-    axis.text(x0, y1 if dashed else y0, text, fontsize=7, color="white", va="top" if dashed else "bottom",
-              bbox={"facecolor": colour, "edgecolor": "none", "pad": 1, "alpha": 0.85})
+def _image_size(axis) -> tuple[int, int]:
+    """(H, W) of the image show_image drew on `axis` (masks stretch over it, whatever their size)."""
+    left, right, bottom, top = axis.get_images()[0].get_extent()
+    return int(bottom - top), int(right - left)
 
 
-def _name(class_names: Sequence[str], label: int) -> str:
-    return class_names[label] if 0 <= label < len(class_names) else f"class {label}"
+def _edges(edges: Sequence[Edges], label: int) -> Edges:
+    return edges[label] if 0 <= label < len(edges) else ()

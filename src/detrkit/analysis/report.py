@@ -31,11 +31,12 @@ def write_plots(result: EvaluationResult, folder: str | Path, threshold: float |
              plot_precision_recall(precision_recall_curves(boxes, result.truth), names, folder / "pr_curves.png"),
              plot_confidence_curves(result.sweep, names, folder / "confidence_curves.png"),
              plot_tide(result.errors, folder / "tide.png")]
-    if result.image_paths:
+    if result.image_paths:  # boxes, and masks or keypoints where the model has them
+        edges = result.keypoint_skeletons
         first = list(range(min(GALLERY_IMAGES, len(boxes))))
-        plots.append(plot_gallery(result.image_paths, boxes, result.truth, first, names, chosen,
-                                  folder / "gallery.png", f"{result.split}: ground truth | predictions"))
+        plots.append(plot_gallery(result.image_paths, result.detections, result.truth, first, names, chosen,
+                                  folder / "gallery.png", f"{result.split}: ground truth | predictions", edges))
         worst = worst_images(boxes, result.truth, chosen, GALLERY_IMAGES)
-        plots.append(plot_gallery(result.image_paths, boxes, result.truth, worst, names, chosen,
-                                  folder / "worst_images.png", f"{result.split}: most errors first"))
+        plots.append(plot_gallery(result.image_paths, result.detections, result.truth, worst, names, chosen,
+                                  folder / "worst_images.png", f"{result.split}: most errors first", edges))
     return dataclasses.replace(result, plots=plots)

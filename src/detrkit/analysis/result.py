@@ -47,6 +47,7 @@ class EvaluationResult:
     truth: list[dict[str, torch.Tensor]] = field(repr=False)
     image_paths: list[Path] = field(default_factory=list, repr=False)  # the split's images, in order
     class_names: list[str] = field(default_factory=list)
+    keypoint_skeletons: list[list[tuple[int, int]]] = field(default_factory=list, repr=False)  # per class, 0-based
     plots: list[Path] = field(default_factory=list)  # the PNGs written for it
 
     @property

@@ -125,6 +125,7 @@ class TrainConfig(StrictConfig):
     log_per_class_metrics: bool = False
     run_test: bool = False
     evaluation_plots: bool = True  # after fit: evaluate() on the validation split, PNGs in output_dir/plots/
+    train_batch_plots: bool = True  # at fit start: the first two augmented batches, plots/train_batch<i>.png
     resume: PathStr | None = None  # a full checkpoint (last.ckpt, checkpoint_<epoch>.ckpt) or a .pth
     use_ema: bool = True
     ema_decay: float = Field(0.993, ge=0, lt=1)

@@ -36,6 +36,11 @@ class KeypointSchema:
     def width(self) -> int:
         return max(self.num_keypoints_per_class, default=0)
 
+    @property
+    def edges(self) -> list[list[tuple[int, int]]]:
+        """Each slot's skeleton as 0-based keypoint pairs (COCO's count from 1)."""
+        return [[(a - 1, b - 1) for a, b in slot] for slot in self.skeleton]
+
     def coco_fields(self, label: int) -> dict:
         """The `keypoints` names and `skeleton` a COCO category for this slot lists."""
         count = self.num_keypoints_per_class[label] if label < len(self.num_keypoints_per_class) else 0

@@ -112,7 +112,8 @@ def schedule_lines(trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[s
            else "; validation every epoch"),
         (f"files: {output} (best weights checkpoint_best_total.pth, "
          + ("" if config.dont_save_weights else "full state for resume last.ckpt, ")
-         + "metrics.csv, plots/results.png)"),
+         + "metrics.csv, plots/results.png"
+         + (", the first batches as augmented plots/train_batch0.png" if config.train_batch_plots else "") + ")"),
     ]
 
 
