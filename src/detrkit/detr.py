@@ -188,11 +188,11 @@ class RFDETR(Predictor):
         plan = plan_run(self.model_config, train_config, trainer_kwargs)
         datamodule = RFDETRDataModule(self.model_config, train_config)
         self._fit_classes(datamodule.class_names)
-        if train_config.train_batch_plots:  # what the model sees, drawn on the first two steps
-            from detrkit.analysis.train_batches import TrainBatchPlots
+        from detrkit.analysis.train_batches import batch_plot_callbacks  # what the model sees, drawn
 
-            trainer_kwargs["callbacks"] = [*trainer_kwargs.get("callbacks", []), TrainBatchPlots(
-                Path(train_config.output_dir) / "plots", self.class_names, datamodule.splits.keypoint_schema)]
+        trainer_kwargs["callbacks"] = [*trainer_kwargs.get("callbacks", []), *batch_plot_callbacks(
+            train_config.train_batch_plots, train_config.save_dataset_grids, train_config.output_dir,
+            self.class_names, datamodule.splits.keypoint_schema)]
         resume = (open_resume_point(train_config.resume, train_config.output_dir, self.model)
                   if train_config.resume else None)
         if self._pretrained_untrained and resume is None:  # fine-tuning starts keypoints at unit precision

@@ -11,7 +11,7 @@ from pytorch_lightning.callbacks import EarlyStopping
 from detrkit import RFDETRNano
 from detrkit.config import TrainConfig
 from detrkit.datasets.synthetic import make_synthetic_dataset
-from detrkit.training import RFDETRDataModule, RFDETRModelModule
+from detrkit.training import RFDETRDataModule
 
 FAST = dict(batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, evaluation_plots=False, seed=0)
 
@@ -83,9 +83,15 @@ def test_disabled_val_loss_with_a_val_loss_monitor_is_an_error(data, tmp_path, t
 
 def test_features_of_other_issues_raise_not_implemented(tiny_kwargs):
     model = RFDETRNano(**tiny_kwargs)
-    with pytest.raises(NotImplementedError, match="issue 23"):
-        RFDETRModelModule(model.model_config, TrainConfig(dataset_dir=None, compute_train_metrics=True))
-    with pytest.raises(NotImplementedError, match="issue 23"):
-        RFDETRDataModule(model.model_config, TrainConfig(dataset_dir=None, save_dataset_grids=True))
     with pytest.raises(NotImplementedError, match="pad_targets_to=8"):
         RFDETRDataModule(model.model_config, TrainConfig(dataset_dir=None, pad_targets_to=8))
+
+
+def test_compute_train_metrics_logs_training_map_beside_validation_and_grids_are_drawn(data, tmp_path, tiny_kwargs):
+    RFDETRNano(**tiny_kwargs).train(dataset_dir=data, output_dir=tmp_path, epochs=2, compute_train_metrics=True,
+                                    save_dataset_grids=True, **FAST)
+    names, rows = columns(tmp_path)
+    assert {"train/mAP_50_95", "train/mAP_50", "val/mAP_50_95"} <= names
+    values = [float(row["train/mAP_50"]) for row in rows]
+    assert len(values) == 2 and all(0 <= value <= 1 for value in values)
+    assert sorted(path.name for path in (tmp_path / "dataset_grids").iterdir()) == ["train_grid.png", "valid_grid.png"]

@@ -1,4 +1,5 @@
-"""The first training batches as the model sees them (augmented), drawn to output_dir/plots/train_batch<i>.png."""
+"""Batches as the model sees them, drawn: the first training batches (augmented) to plots/train_batch<i>.png,
+and with save_dataset_grids the first batch of each split to dataset_grids/."""
 
 from __future__ import annotations
 
@@ -128,3 +129,39 @@ class TrainBatchPlots(pl.Callback):
         path = self.folder / f"train_batch{batch_idx}.png"
         self.written.append(plot_train_batch(batch, self.class_names, self.edges, path,
                                              f"training batch {batch_idx} after augmentation"))
+
+
+class DatasetGrids(pl.Callback):
+    """save_dataset_grids=True: the first training batch (augmented) and the first validation
+    batch (evaluation transform) of a fresh run, drawn to dataset_grids/train_grid.png and
+    valid_grid.png on the main process; the validation grid comes from the first validation
+    that is not Lightning's sanity check."""
+
+    def __init__(self, folder: Path, class_names: Sequence[str], keypoint_schema: KeypointSchema | None) -> None:
+        self.folder, self.class_names, self.edges = Path(folder), list(class_names), (
+            keypoint_schema.edges if keypoint_schema is not None else [])
+        self.written: list[Path] = []
+
+    def _draw(self, trainer: pl.Trainer, batch: Batch, split: str, what: str) -> None:
+        path = self.folder / f"{split}_grid.png"
+        if trainer.current_epoch == 0 and trainer.is_global_zero and not path.exists():
+            self.written.append(plot_train_batch(batch, self.class_names, self.edges, path,
+                                                 f"{split} split: first batch, {what}"))
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch: Batch,
+                           batch_idx: int) -> None:
+        if batch_idx == 0:
+            self._draw(trainer, batch, "train", "after augmentation")
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch: Batch,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        if batch_idx == 0 and not trainer.sanity_checking:
+            self._draw(trainer, batch, "valid", "evaluation transform")
+
+
+def batch_plot_callbacks(plots: bool, grids: bool, output_dir: str | Path, class_names: Sequence[str],
+                         keypoint_schema: KeypointSchema | None) -> list[pl.Callback]:
+    """The callbacks that train_batch_plots (plots/) and save_dataset_grids (dataset_grids/) ask for."""
+    folder = Path(output_dir)
+    return ([TrainBatchPlots(folder / "plots", class_names, keypoint_schema)] if plots else []) + (
+        [DatasetGrids(folder / "dataset_grids", class_names, keypoint_schema)] if grids else [])

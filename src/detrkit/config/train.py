@@ -104,7 +104,7 @@ class TrainConfig(StrictConfig):
     scale_jitter: bool = True
     aug_config: dict[str, dict] | None = None  # None: default pipeline; {}: no augmentation
     augmentation_backend: AugmentationBackend = AugmentationBackend.CPU
-    save_dataset_grids: bool = False  # not implemented (issue 23)
+    save_dataset_grids: bool = False  # first train and valid batches drawn to output_dir/dataset_grids/
     mosaic: float = Field(0.0, ge=0, le=1)  # probability that a training sample is a 2x2 mosaic
     mixup: float = Field(0.0, ge=0, le=1)  # probability that a training sample is blended with another
     close_mosaic_epochs: int = Field(0, ge=0)  # the last epochs train without mosaic and mixup
@@ -121,7 +121,7 @@ class TrainConfig(StrictConfig):
     fp16_eval: bool = False  # deprecated, no effect: evaluation follows amp_dtype
     compute_val_loss: Literal["auto"] | bool = "auto"  # "auto": when a scheduler or callback monitors val/loss
     compute_test_loss: bool = True
-    compute_train_metrics: bool = False  # training-set mAP: not implemented (issue 23)
+    compute_train_metrics: bool = False  # train/mAP_*: box mAP of the training batches as trained on
     log_per_class_metrics: bool = False
     run_test: bool = False
     evaluation_plots: bool = True  # after fit: evaluate() on the validation split, PNGs in output_dir/plots/

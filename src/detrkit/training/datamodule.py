@@ -43,9 +43,6 @@ class RFDETRDataModule(pl.LightningDataModule):
         if train_config.pad_targets_to is not None:
             raise NotImplementedError(f"pad_targets_to={train_config.pad_targets_to}: padding targets to a fixed "
                                       f"row count (for XLA) is not implemented; leave it None")
-        if train_config.save_dataset_grids:
-            raise NotImplementedError("save_dataset_grids=True (sample grids in output_dir/dataset_grids) is not "
-                                      "implemented yet: it belongs to issue 23 (evaluation)")
         self.model_config, self.train_config = model_config, train_config
         self.splits = splits if splits is not None else build_datasets(train_config, model_config)
         self._collate = functools.partial(collate, block=model_config.block_size)

@@ -38,6 +38,7 @@ from detrkit.training.manual_step import (
 )
 from detrkit.training.optim import build_optimizer, build_scheduler
 from detrkit.training.rng import restore_rng_states, rng_states
+from detrkit.training.train_metrics import TrainingSetMetrics
 
 
 class RFDETRModelModule(pl.LightningModule):
@@ -53,9 +54,6 @@ class RFDETRModelModule(pl.LightningModule):
         self.plan = plan  # compile, CUDA graphs and FP8 as decided for this run (None: none of them)
         self._train_forward: GraphedTrainingForward | None = None  # the training forward, when graphed
         require_integer_batch(train_config)
-        if train_config.compute_train_metrics:
-            raise NotImplementedError("compute_train_metrics=True (mAP on the training set) is not implemented yet: "
-                                      "it belongs to issue 23 (evaluation)")
         self.model_config, self.train_config = model_config, train_config
         self.model = detector if detector is not None else build_model(model_config, train_config.drop_path)
         self.criterion = build_criterion(model_config, train_config)
@@ -71,6 +69,9 @@ class RFDETRModelModule(pl.LightningModule):
         self.train_scales = (multi_scale_sizes(model_config.resolution, block, train_config.expanded_scales)
                              if train_config.multi_scale == "per-batch" else None)
         self._evaluators: dict[str, DetectionEvaluator] = {}
+        self.train_metrics = (TrainingSetMetrics(train_config.eval_max_dets, train_config.eval_backend,
+                                                 model_config.num_queries, model_config.num_select)
+                              if train_config.compute_train_metrics else None)
         self._loss_stage: str | None = None  # "val" or "test" while that loss is logged (see _loss_wanted)
         self._padding_only = False  # this process's evaluation batches only pad (see PaddingShare)
         # "val/", "val/ema_", "test/" -> COCOeval's twelve summary numbers of the last evaluation
@@ -125,6 +126,8 @@ class RFDETRModelModule(pl.LightningModule):
                 losses = self.criterion(outputs, batch.targets, groups=groups, image_size=batch.pixels.shape[-2:])
                 if not admit(losses.total):
                     return None  # Lightning skips the backward and the optimizer step
+        if self.train_metrics is not None:
+            self.train_metrics.add(outputs, batch)
         size, config = len(batch), self.train_config
         sync, on_step = config.train_log_sync_dist, config.train_log_on_step
         self.log("train/loss", losses.total, on_step=on_step, on_epoch=True, sync_dist=sync, batch_size=size)
@@ -147,6 +150,8 @@ class RFDETRModelModule(pl.LightningModule):
     def on_train_epoch_end(self) -> None:
         if self.manual_step is not None:  # likewise for epoch-interval and plateau schedulers
             step_schedulers(self, "epoch")
+        if self.train_metrics is not None:  # train/mAP_50_95, ... beside validation's
+            self._score_and_log({"train/": self.train_metrics.take()})
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._evaluate_step("val", batch)
@@ -262,14 +267,19 @@ class RFDETRModelModule(pl.LightningModule):
             evaluator.gather()
         if self.keep_evaluations:
             self.kept_evaluations = evaluators
+        self._score_and_log(evaluators, stage)
+
+    def _score_and_log(self, evaluators: dict[str, DetectionEvaluator], stage: str | None = None) -> None:
+        """The main process computes gathered evaluators and every process logs the same numbers;
+        `stage`'s EMA-only numbers also go under its main keys."""
         if not any(len(evaluator) for evaluator in evaluators.values()):
             return  # no batch anywhere (limit_val_batches=0, say)
         scores = ({key: (evaluator.compute(), evaluator.coco_stats) for key, evaluator in evaluators.items()}
                   if self.trainer.is_global_zero else None)
         scores = self.trainer.strategy.broadcast(scores, src=0)
-        if f"{stage}/" not in scores and f"{stage}/ema_" in scores:
+        if stage is not None and f"{stage}/" not in scores and f"{stage}/ema_" in scores:
             scores[f"{stage}/"] = scores[f"{stage}/ema_"]  # EMA-only validation: the main keys show it
-        self.coco_stats = {key: stats for key, (_, stats) in scores.items()}
+        self.coco_stats.update({key: stats for key, (_, stats) in scores.items()})
         for prefix, (values, _) in scores.items():
             for name, value in values.items():
                 self.log(prefix + name, value, sync_dist=False)
