@@ -203,6 +203,7 @@ class RFDETR(Predictor):
         module = RFDETRModelModule(self.model_config, train_config, detector=self.model, class_names=self.class_names,
                                    model_name=type(self).__name__, plan=plan)
         trainer = build_trainer(train_config, plan=plan, **trainer_kwargs)
+        module.keep_evaluations = train_config.evaluation_plots and trainer.world_size == 1  # plots reuse them
         if resume is not None:
             carry_over_metrics(trainer, train_config.output_dir, resume.epoch)
             if not resume.full:
@@ -219,17 +220,14 @@ class RFDETR(Predictor):
                          os.path.join(train_config.output_dir, "plots", "results.png"))
         self.model.to(self.device).eval()
         if train_config.evaluation_plots and trainer.world_size == 1:
-            self._plot_after_training(module, train_config)
+            self._plot_after_training(module, trainer, datamodule, train_config)
 
-    def _plot_after_training(self, module, train_config: TrainConfig) -> None:
-        """evaluate()'s plots on the validation split, of the weights validation scored last (the EMA
-        unless the live weights are scored too)."""
-        from detrkit.analysis.evaluate import evaluate_detector
+    def _plot_after_training(self, module, trainer, datamodule, train_config: TrainConfig) -> None:
+        from detrkit.analysis.evaluate import result_after_training
         from detrkit.analysis.report import write_plots
 
-        detector = self.model if module.evaluates_base_model or not module.ema.updates else module.ema.module
-        config = train_config.model_copy(update={"progress_bar": None})
-        result = evaluate_detector(detector, self.model_config, config, self.class_names, "valid", type(self).__name__)
+        result = result_after_training(module, trainer, datamodule.splits, self.model_config, train_config,
+                                       self.class_names, type(self).__name__)
         write_plots(result, Path(train_config.output_dir) / "plots")
 
     def _settle_precision_and_batch(self, train_config):

@@ -46,3 +46,9 @@ def trained(shapes_dir, tmp_path_factory):
     fit_to_validation(model, shapes_dir)
     model.train(dataset_dir=str(shapes_dir), output_dir=str(output), **FAST)
     return model, output
+
+
+@pytest.fixture
+def fitting():
+    """(fit_to_validation, the short train() settings) for a test's own run."""
+    return fit_to_validation, dict(FAST)

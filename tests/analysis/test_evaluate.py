@@ -4,6 +4,7 @@ import csv
 
 import numpy as np
 import pytest
+import torch
 
 from detrkit.training.confidence_sweep import sweep_confidence
 
@@ -50,3 +51,35 @@ def test_train_split_is_unaugmented_and_deterministic(trained, shapes_dir):
     first = model.evaluate(shapes_dir, split="train", num_workers=0, plots=False, output_dir=str(output / "eval"))
     second = model.evaluate(shapes_dir, split="train", num_workers=0, plots=False, output_dir=str(output / "eval"))
     assert first.stats.images == 4 and first.metrics == second.metrics
+
+
+def test_plots_after_training_reuse_the_last_validation(shapes_dir, tmp_path, monkeypatch, fitting):
+    """train() draws its evaluation plots from the last validation's own detections (no second
+    pass over the validation set), and they equal a fresh evaluate() of the final weights."""
+    from tiny_config import TINY
+
+    from detrkit import RFDETRNano
+    from detrkit.analysis import evaluate as evaluate_module
+    from detrkit.analysis import report
+
+    fresh_passes, drawn = [], []
+    evaluate_detector, write_plots = evaluate_module.evaluate_detector, report.write_plots
+    monkeypatch.setattr(evaluate_module, "evaluate_detector",
+                        lambda *args, **kwargs: fresh_passes.append(args) or evaluate_detector(*args, **kwargs))
+    monkeypatch.setattr(report, "write_plots",
+                        lambda result, folder, *args: drawn.append(result) or write_plots(result, folder, *args))
+    torch.manual_seed(0)
+    model = RFDETRNano(**TINY)
+    fit_to_validation, fast = fitting
+    fit_to_validation(model, shapes_dir, steps=30)
+    model.train(dataset_dir=str(shapes_dir), output_dir=str(tmp_path), **fast)
+    assert fresh_passes == [] and len(drawn) == 1
+    assert (tmp_path / "plots" / "gallery.png").is_file()
+    after_training = drawn[0]
+    fresh = model.evaluate(shapes_dir, num_workers=0, plots=False, output_dir=str(tmp_path / "eval"))
+    assert after_training.metrics["mAP_50"] > 0
+    assert after_training.metrics == fresh.metrics
+    assert after_training.image_paths == fresh.image_paths
+    for kept, again in zip(after_training.detections, fresh.detections, strict=True):
+        assert torch.equal(kept["labels"], again["labels"])
+        torch.testing.assert_close(kept["boxes"], again["boxes"])

@@ -15,8 +15,10 @@ from detrkit.analysis.result import EvaluationResult, per_class_results
 from detrkit.analysis.tide import tide_breakdown
 from detrkit.config import ModelConfig, TrainConfig
 from detrkit.datasets.detect import build_datasets
+from detrkit.datasets.keypoint_schema import KeypointSchema
 from detrkit.training import RFDETRDataModule, RFDETRModelModule
 from detrkit.training.confidence_sweep import sweep_confidence
+from detrkit.training.evaluation import DetectionEvaluator
 from detrkit.training.trainer import plan_run
 
 Split = Literal["valid", "test", "train"]
@@ -48,13 +50,32 @@ def evaluate_detector(detector: torch.nn.Module, model_config: ModelConfig, trai
     detector.eval()
     trainer.validate(module, datamodule=datamodule, verbose=False)
     detector.eval()
-    evaluator = module.kept_evaluations["val/"]
+    return evaluator_result(module.kept_evaluations["val/"], names, split, chosen, splits.keypoint_schema,
+                            train_config)
+
+
+def evaluator_result(evaluator: DetectionEvaluator, class_names: Sequence[str], split: str, dataset,
+                     keypoint_schema: KeypointSchema | None, train_config: TrainConfig) -> EvaluationResult:
+    """The result of a filled evaluator whose images are `dataset`'s, in its order."""
     metrics = {name: float(value) for name, value in evaluator.compute().items()}
-    result = analyse(evaluator.detections, evaluator.truth, names, split, metrics, evaluator.coco_stats,
+    result = analyse(evaluator.detections, evaluator.truth, class_names, split, metrics, evaluator.coco_stats,
                      train_config.eval_max_dets, train_config.eval_backend)
-    schema = splits.keypoint_schema
-    return dataclasses.replace(result, image_paths=[record.path for record in chosen.records],
-                               keypoint_skeletons=schema.edges if schema is not None else [])
+    return dataclasses.replace(result, image_paths=[record.path for record in dataset.records][:len(evaluator)],
+                               keypoint_skeletons=keypoint_schema.edges if keypoint_schema is not None else [])
+
+
+def result_after_training(module: RFDETRModelModule, trainer: pl.Trainer, splits, model_config: ModelConfig,
+                          train_config: TrainConfig, class_names: Sequence[str], model_name: str) -> EvaluationResult:
+    """evaluate()'s result on the validation split for the weights validation scored last (the EMA
+    unless the live weights are scored too): the last validation's own detections when no step
+    came after it (train() keeps them), else a fresh evaluation."""
+    track = "val/" if module.evaluates_base_model or not module.ema.updates else "val/ema_"
+    kept = module.kept_evaluations.get(track)
+    if kept is not None and len(kept) and module.kept_at_step == trainer.global_step:
+        return evaluator_result(kept, class_names, "valid", splits.valid, splits.keypoint_schema, train_config)
+    detector = module.model if track == "val/" else module.ema.module
+    config = train_config.model_copy(update={"progress_bar": None})
+    return evaluate_detector(detector, model_config, config, class_names, "valid", model_name)
 
 
 def analyse(detections: list[dict[str, torch.Tensor]], truth: list[dict[str, torch.Tensor]],

@@ -79,6 +79,7 @@ class RFDETRModelModule(pl.LightningModule):
         # evaluate() reads the last evaluation's detections here (analysis/evaluate.py)
         self.keep_evaluations = False
         self.kept_evaluations: dict[str, DetectionEvaluator] = {}
+        self.kept_at_step = -1  # the optimizer step the kept evaluations scored the weights of
 
     def setup(self, stage: str) -> None:
         if self.class_names is None and self.trainer is not None:  # a custom loop: the data set knows
@@ -266,7 +267,7 @@ class RFDETRModelModule(pl.LightningModule):
         for evaluator in evaluators.values():
             evaluator.gather()
         if self.keep_evaluations:
-            self.kept_evaluations = evaluators
+            self.kept_evaluations, self.kept_at_step = evaluators, self.global_step
         self._score_and_log(evaluators, stage)
 
     def _score_and_log(self, evaluators: dict[str, DetectionEvaluator], stage: str | None = None) -> None:
