@@ -99,3 +99,33 @@ def test_large_masks_are_subsampled_in_place():
     np.testing.assert_allclose(pixels[450, 200], tinted(TRUTH), atol=0.02)
     np.testing.assert_allclose(pixels[450, 700], 0, atol=0.02)
     np.testing.assert_allclose(pixels[150, 200], 0, atol=0.02)
+
+
+def test_only_the_best_scored_predictions_are_drawn():
+    """An undertrained model keeps many detections: MAX_DRAWN of them are drawn, the best scored,
+    and only their masks are decoded and tinted."""
+    from matplotlib.patches import Rectangle
+
+    from detrkit.analysis.gallery import MAX_DRAWN
+
+    count = MAX_DRAWN + 15
+    scores = torch.linspace(0.99, 0.6, count)[torch.randperm(count, generator=torch.Generator().manual_seed(0))]
+    boxes = torch.tensor([[float(i), 0.0, float(i) + 1, 1.0] for i in range(count)])  # one column each
+    masks = torch.zeros((count, 4, count), dtype=torch.bool)
+    for i in range(count):
+        masks[i, :, i] = True
+    detection = {"boxes": boxes, "scores": scores, "labels": torch.zeros(count, dtype=torch.long),
+                 "masks": EncodedMasks.encode(masks)}
+    truth = {"boxes": torch.zeros((0, 4)), "labels": torch.zeros(0, dtype=torch.long)}
+    outcome = image_outcome(detection, truth, threshold=0.5)
+    assert len(outcome.kept) == count
+    figure, axis = canvas(4, count)
+    axis.imshow(np.zeros((4, count, 3), np.uint8), extent=(0, count, 4, 0))
+    assert draw_predictions(axis, detection, outcome, ["thing"], []) == MAX_DRAWN
+    drawn = sorted(int(patch.get_x()) for patch in axis.patches if isinstance(patch, Rectangle))
+    best = sorted(scores.argsort(descending=True)[:MAX_DRAWN].tolist())
+    assert drawn == best
+    pixels = rendered(figure)
+    worst = scores.argsort()[0].item()
+    np.testing.assert_allclose(pixel(pixels, best[0] + 0.5, 3.5), tinted(FALSE_POSITIVE), atol=0.02)
+    np.testing.assert_allclose(pixel(pixels, worst + 0.5, 3.5), 0, atol=0.02)

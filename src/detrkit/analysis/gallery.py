@@ -21,6 +21,7 @@ from detrkit.training.coco_backends.rle import EncodedMasks, decode_runs, split_
 
 TRUTH, TRUE_POSITIVE, FALSE_POSITIVE, MISSED = "#1f77b4", "#2ca02c", "#d62728", "#ff7f0e"
 KEYPOINT_SHOWN = 0.5  # a predicted keypoint is drawn where the model finds it at least this likely
+MAX_DRAWN = 25  # predictions drawn per image at most, the best scored
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,10 @@ def plot_gallery(paths: Sequence[Path], detections: Sequence[dict[str, torch.Ten
     false positives red, missed boxes dashed orange). Masks are tinted in their box's colour and
     keypoints drawn with their class's skeleton (`edges`), where detections and truth have them."""
     rows = max(len(indices), 1)
-    figure, axes = plt.subplots(rows, 2, figsize=(8, 3.2 * rows), layout="constrained", squeeze=False)
+    # a fixed layout: matplotlib's constrained one takes seconds on rows of labelled images
+    figure, axes = plt.subplots(rows, 2, figsize=(8, 3.2 * rows + 0.4), squeeze=False,
+                                gridspec_kw={"left": 0.01, "right": 0.99, "bottom": 0.01, "wspace": 0.04,
+                                             "top": 1 - 0.45 / (3.2 * rows + 0.4), "hspace": 0.14})
     for row, index in enumerate(indices):
         image = np.asarray(Image.open(paths[index]).convert("RGB"))
         outcome = image_outcome(detections[index], truth[index], threshold)
@@ -67,9 +71,11 @@ def plot_gallery(paths: Sequence[Path], detections: Sequence[dict[str, torch.Ten
         show_image(right, image)
         count = draw_truth(left, truth[index], outcome, class_names, edges, right)
         left.set_title(f"{Path(paths[index]).name}: ground truth ({count})", fontsize=9)
-        draw_predictions(right, detections[index], outcome, class_names, edges)
+        drawn = draw_predictions(right, detections[index], outcome, class_names, edges)
+        shown = "" if drawn == len(outcome.kept) else f" ({drawn} best drawn)"
         right.set_title(f">= {threshold:.2f}: {int(outcome.true_positive.sum())} right, "
-                        f"{int((~outcome.true_positive).sum())} false, {int(outcome.missed.sum())} missed", fontsize=9)
+                        f"{int((~outcome.true_positive).sum())} false{shown}, {int(outcome.missed.sum())} missed",
+                        fontsize=9)
     figure.suptitle(title)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=90)
@@ -97,14 +103,18 @@ def draw_truth(axis, truth: dict[str, torch.Tensor], outcome: ImageOutcome, clas
 
 
 def draw_predictions(axis, detection: dict[str, torch.Tensor], outcome: ImageOutcome, class_names: Sequence[str],
-                     edges: Sequence[Edges]) -> None:
+                     edges: Sequence[Edges]) -> int:
     """The detections kept at the threshold, in their outcome's colour, with their masks and the
-    keypoints the model finds (probability >= KEYPOINT_SHOWN)."""
-    kept = outcome.kept.tolist()
-    colours = [TRUE_POSITIVE if hit else FALSE_POSITIVE for hit in outcome.true_positive.tolist()]
+    keypoints the model finds (probability >= KEYPOINT_SHOWN); only the MAX_DRAWN best scored of
+    them (an undertrained model keeps many; they would hide the image and take seconds to draw).
+    Returns the count drawn."""
+    scores = detection["scores"].reshape(-1)[outcome.kept]
+    best = np.sort(np.argsort(-scores.numpy(), kind="stable")[:MAX_DRAWN])  # drawn in score order's positions
+    kept = outcome.kept[best].tolist()
+    colours = [TRUE_POSITIVE if hit else FALSE_POSITIVE for hit in outcome.true_positive[best].tolist()]
     labels = [int(label) for label in detection["labels"].reshape(-1)[kept]]
     if "masks" in detection and kept:
-        overlay_masks(axis, dense_masks(detection["masks"])[kept], colours, _image_size(axis))
+        overlay_masks(axis, dense_masks(detection["masks"], kept), colours, _image_size(axis))
     if "keypoints" in detection:
         for instance, label, colour in zip(detection["keypoints"][kept].numpy(), labels, colours):
             shown = instance[:, 2] >= KEYPOINT_SHOWN
@@ -112,14 +122,18 @@ def draw_predictions(axis, detection: dict[str, torch.Tensor], outcome: ImageOut
     for d, label, colour in zip(kept, labels, colours):
         draw_box(axis, detection["boxes"][d].tolist(), colour,
                  f"{class_name(class_names, label)} {float(detection['scores'][d]):.2f}")
+    return len(kept)
 
 
-def dense_masks(masks: torch.Tensor | EncodedMasks) -> np.ndarray:
-    """(N, H, W) bool from dense masks or the metric's run-length encoded ones."""
+def dense_masks(masks: torch.Tensor | EncodedMasks, rows: Sequence[int] | None = None) -> np.ndarray:
+    """(N, H, W) bool from dense masks or the metric's run-length encoded ones; with `rows`, only
+    those masks (the others are not decoded)."""
     if not isinstance(masks, EncodedMasks):
-        return masks.bool().numpy()
+        dense = masks.bool().numpy()
+        return dense if rows is None else dense[list(rows)]
     height, width = masks.size
     runs = split_runs(masks.runs.numpy(), masks.lengths.numpy())
+    runs = runs if rows is None else [runs[row] for row in rows]
     return np.stack([decode_runs(r, height, width) for r in runs]) if runs else np.zeros((0, height, width), bool)
 
 
