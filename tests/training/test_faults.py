@@ -1,6 +1,6 @@
 """Injected faults end in a clear message with nothing lost: a non-finite loss, a full or read-only
 disk while a checkpoint is written, a kill mid-write, a sample that fails to load (also in a loader
-worker), an image deleted or truncated during training, and Ctrl-C.
+worker), a loader worker killed by a signal, an image deleted or truncated during training, and Ctrl-C.
 
 Subprocess runs have timeouts: a hang is a failure.
 """
@@ -21,6 +21,7 @@ import detrkit
 from detrkit import RFDETRNano
 from detrkit.datasets.detection import SampleLoadError
 from detrkit.datasets.synthetic import make_synthetic_dataset
+from detrkit.datasets.worker_deaths import SampleWorkerKilled
 from detrkit.training import checkpoints
 from detrkit.training.callbacks.nonfinite import NonFiniteLossError
 from detrkit.training.checkpoints import CheckpointWriteError
@@ -249,6 +250,38 @@ def test_a_transform_failing_on_one_sample_names_it_in_a_worker(data, tmp_path, 
                                               r"RuntimeError: bad polygon"):
         fresh_model(tiny_kwargs).train(dataset_dir=str(data), output_dir=str(tmp_path), epochs=1,
                                        **{**FAST, "num_workers": 1})
+
+
+def test_a_worker_killed_by_a_signal_names_the_sample_it_was_loading(data, tmp_path, tiny_kwargs, monkeypatch):
+    import json
+
+    from detrkit.datasets import detection
+
+    victim = 3  # a training sample: the data set's records follow the annotation file's order
+    image = json.loads((data / "train" / "_annotations.coco.json").read_text())["images"][victim]
+    armed, real = tmp_path / "armed", detection.DetectionDataset._sample
+
+    def dying(self, index):
+        worker = torch.utils.data.get_worker_info()
+        if armed.exists() and worker is not None and self.records[index].path == data / "train" / image["file_name"]:
+            os.kill(os.getpid(), signal.SIGKILL)  # the worker dies mid-sample, saying nothing
+        return real(self, index)
+
+    class Arm(pl.Callback):
+        def on_train_epoch_end(self, trainer, pl_module) -> None:
+            armed.touch()  # after epoch 0, whose checkpoints are written
+
+    monkeypatch.setattr(detection.DetectionDataset, "_sample", dying)  # loader workers are forked: they see it
+    with pytest.raises(SampleWorkerKilled) as raised:
+        fresh_model(tiny_kwargs).train(dataset_dir=str(data), output_dir=str(tmp_path / "out"), epochs=2,
+                                       callbacks=[Arm()], **{**FAST, "num_workers": 1})
+    message = str(raised.value)
+    assert isinstance(raised.value, SampleLoadError)
+    assert (f") was killed by signal: Killed (SIGKILL) while loading data set sample {victim} (image id "
+            f"{image['id']}, file {data / 'train' / image['file_name']})") in message
+    assert "PyTorch said: DataLoader worker (pid" in message
+    assert_good_checkpoint(tmp_path / "out" / "last.ckpt", epoch=0)
+    assert_good_checkpoint(tmp_path / "out" / "checkpoint_0.ckpt", epoch=0)
 
 
 INTERRUPTED = """
