@@ -74,14 +74,17 @@ def assert_good_checkpoint(path: Path, epoch: int) -> None:
 
 
 class Poison(pl.Callback):
-    """Sets one pixel of the batch to NaN at the given (epoch, batch index) steps; records image ids."""
+    """Sets one pixel (or all) of the batch to NaN at the given (epoch, batch index) steps; records image ids."""
 
-    def __init__(self, *steps: tuple[int, int]) -> None:
-        self.steps, self.image_ids = set(steps), {}
+    def __init__(self, *steps: tuple[int, int], every_pixel: bool = False) -> None:
+        self.steps, self.image_ids, self.every_pixel = set(steps), {}, every_pixel
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if (trainer.current_epoch, batch_idx) in self.steps:
-            batch.pixels[0, 0, 0, 0] = float("nan")
+            if self.every_pixel:
+                batch.pixels.fill_(float("nan"))
+            else:
+                batch.pixels[0, 0, 0, 0] = float("nan")
             self.image_ids[trainer.current_epoch, batch_idx] = [t.image_id for t in batch.targets]
 
 
@@ -109,6 +112,24 @@ def test_skip_nonfinite_steps_skips_with_a_warning(data, tmp_path, tiny_kwargs):
     with pytest.raises(NonFiniteLossError, match=r"at epoch 1, step 7 .*more than skip_nonfinite_steps=1"):
         fresh_model(tiny_kwargs).train(dataset_dir=str(data), output_dir=str(tmp_path / "two"), epochs=2,
                                        skip_nonfinite_steps=1, callbacks=[Poison((0, 3), (1, 2))], **FAST)
+
+
+def test_keypoint_models_skip_micro_batches_and_drop_a_window_with_none_left(tmp_path):
+    from ddp_keypoints import EXACT, keypoint_data, keypoint_model
+
+    data = keypoint_data(tmp_path / "data")
+    settings = {**EXACT, "optimizer": "adamw", "batch_size": 1, "grad_accum_steps": 2, "skip_nonfinite_steps": 3}
+    # window 1 (batches 2, 3) keeps batch 2; window 2 (batches 4, 5) has nothing left and takes no step
+    with pytest.warns(UserWarning, match=r"skipping this step \(3 of skip_nonfinite_steps=3\)"):
+        keypoint_model().train(dataset_dir=str(data), output_dir=str(tmp_path / "out"),
+                               callbacks=[Poison((0, 3), (0, 4), (0, 5), every_pixel=True)], **settings)
+    last = load(tmp_path / "out" / "last.ckpt")
+    assert last["global_step"] == STEPS_PER_EPOCH
+    assert {int(state["step"]) for state in last["optimizer_states"][0]["state"].values()} == {STEPS_PER_EPOCH - 1}
+    assert all(torch.isfinite(value.float()).all() for value in last["state_dict"].values())
+    with open(tmp_path / "out" / "metrics.csv") as stream:
+        header, row = stream.readline().strip().split(","), stream.readline().strip().split(",")
+    assert float(row[header.index("train/loss")]) > 0  # the mean of the kept batches: no NaN logged
 
 
 def file_of(stream) -> str:
