@@ -59,7 +59,7 @@ class NonFiniteLossGuard(pl.Callback):
         self._first_bad: torch.Tensor | None = None  # () int64 on the device: index of the first bad batch, -1 none
         self._pending: list[StepRecord] = []  # batches since the last check, in order
         self._check_every = 1
-        self.admitted = True  # whether the last admitted batch back-propagates its loss
+        self.admitted = True  # whether the batch last given to `admit` back-propagates its own loss
         self._stepping = False  # a batch since the last optimizer step back-propagated its loss
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
