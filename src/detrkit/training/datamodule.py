@@ -31,6 +31,29 @@ class PaddingShare(list):
     """The evaluation indices of a process that has no image of its own: run, never scored."""
 
 
+class EpochLoader(DataLoader):
+    """The training loader, whose pass over the epoch starts at its first batch rather than at iter().
+
+    A resumed run's first iter() comes before Lightning's set_epoch; loader workers take their
+    first keys as their iterator starts, so they would train that epoch on epoch 0's order."""
+
+    def __iter__(self):
+        return _StartsAtFirstBatch(super().__iter__)
+
+
+class _StartsAtFirstBatch:
+    def __init__(self, start) -> None:
+        self._start, self._iterator = start, None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._iterator is None:
+            self._iterator = self._start()
+        return next(self._iterator)
+
+
 class RFDETRDataModule(pl.LightningDataModule):
     """Loaders for train/valid/test. The splits are read (and validated) on construction, so that
     a broken data set fails before any training work starts.
@@ -95,7 +118,7 @@ class RFDETRDataModule(pl.LightningDataModule):
         if config.mosaic or config.mixup:  # the last close_mosaic_epochs train on plain samples
             samples = MixedSamples(samples, config.mosaic, config.mixup, config.epochs - config.close_mosaic_epochs)
             sampler = EpochTagged(sampler)
-        return self._loader(samples, config.batch_size, sampler=sampler, drop_last=True)
+        return self._loader(samples, config.batch_size, sampler=sampler, drop_last=True, kind=EpochLoader)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader(self.splits.valid)
@@ -139,9 +162,10 @@ class RFDETRDataModule(pl.LightningDataModule):
         if len(dataset.slots) != self._workers():
             dataset.slots = LoadingSlots(self._workers())
 
-    def _loader(self, dataset: Dataset, batch_size: int, sampler, drop_last: bool = False) -> DataLoader:
+    def _loader(self, dataset: Dataset, batch_size: int, sampler, drop_last: bool = False,
+                kind: type[DataLoader] = DataLoader) -> DataLoader:
         config, on_cuda, workers = self.train_config, self._on_cuda(), self._workers()
-        return DataLoader(
+        return kind(
             dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
             collate_fn=self._collate, num_workers=workers,
             pin_memory=config.pin_memory if config.pin_memory is not None else on_cuda,
