@@ -3,9 +3,11 @@ SampleWorkerKilled naming the sample that worker was loading. (The kill itself, 
 tests/training/test_faults.py.)"""
 
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -68,3 +70,32 @@ def test_other_errors_and_idle_workers_stay_as_they_are():
     dataset = one_image_dataset()
     assert worker_death(RuntimeError("DataLoader worker (pid 1234) is killed by signal: Killed."), [dataset]) is None
     assert worker_death(RuntimeError("CUDA out of memory"), [dataset]) is None
+
+
+class Dying(Dataset):
+    """Its worker SIGKILLs itself on sample 2, marked as loading it."""
+
+    def __init__(self) -> None:
+        self.slots = LoadingSlots(1)
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        with self.slots.loading(index):
+            if index == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return index
+
+    def sample_name(self, index: int) -> str:
+        return f"sample {index}"
+
+
+def test_a_real_kill_names_the_signal_whichever_check_of_pytorch_saw_it():
+    # PyTorch reports a dead worker from its SIGCHLD handler (naming the signal) or from its liveness
+    # check (not naming it), whichever runs first; the exit code in its iterator names it then
+    dataset = Dying()
+    with pytest.raises(RuntimeError) as raised:
+        list(DataLoader(dataset, batch_size=None, num_workers=1))
+    killed = worker_death(raised.value, [dataset])
+    assert ") was killed by signal: Killed (SIGKILL) while loading sample 2. " in str(killed), str(raised.value)

@@ -6,6 +6,9 @@ import re
 import signal
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from types import TracebackType
+
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from detrkit.datasets.detection import DetectionDataset, SampleLoadError
 
@@ -46,13 +49,33 @@ def worker_death(error: RuntimeError, datasets: Sequence[DetectionDataset]) -> S
                if (index := dataset.slots.loading_in(pid)) is not None]
     if not loading:
         return None
-    killed = _SIGNAL.search(text)
-    how = "exited unexpectedly"
-    if killed is not None:
-        name = _SIGNAL_NAMES.get(killed.group(1))
-        how = f"was killed by signal: {killed.group(1)}" + (f" ({name})" if name else "")
-    named = "; ".join(f"data loader worker (pid {pid}) {how} while loading {sample}" for pid, sample in loading)
+    killed, codes = _SIGNAL.search(text), _exit_codes(error.__traceback__)
+    named = "; ".join(f"data loader worker (pid {pid}) {_how(killed, codes.get(pid))} while loading {sample}"
+                      for pid, sample in loading)
     return SampleWorkerKilled(
         f"{named}. A signal comes from outside Python: the kernel's out-of-memory killer (SIGKILL: lower "
         f"num_workers or batch_size), a crash in an image decoder (SIGSEGV, SIGBUS: check that file), or another "
         f"process; with num_workers=0 samples load in the main process. PyTorch said: {text.strip()}")
+
+
+def _how(killed: re.Match | None, exit_code: int | None) -> str:
+    """'was killed by signal: Killed (SIGKILL)', from PyTorch's words or from the exit code."""
+    if killed is not None:
+        name = _SIGNAL_NAMES.get(killed.group(1))
+        return f"was killed by signal: {killed.group(1)}" + (f" ({name})" if name else "")
+    if exit_code is not None and exit_code < 0:
+        number = signal.Signals(-exit_code)
+        return f"was killed by signal: {signal.strsignal(number)} ({number.name})"
+    return "exited unexpectedly" + (f" (exit code {exit_code})" if exit_code is not None else "")
+
+
+def _exit_codes(trace: TracebackType | None) -> dict[int, int]:
+    """pid -> exit code of the workers of the loader iterator that raised (a frame of the traceback):
+    PyTorch's liveness check says only "exited unexpectedly", but its iterator holds the processes."""
+    codes = {}
+    while trace is not None:
+        owner = trace.tb_frame.f_locals.get("self")
+        if isinstance(owner, _MultiProcessingDataLoaderIter):
+            codes.update({worker.pid: worker.exitcode for worker in owner._workers if worker.exitcode is not None})
+        trace = trace.tb_next
+    return codes
