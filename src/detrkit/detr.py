@@ -209,7 +209,7 @@ class RFDETR(Predictor):
             if not resume.full:
                 warm_start(resume, trainer, module, train_config.output_dir)
         self.model.train()
-        with fp8_layers(self.model, plan.fp8_backend):
+        with fp8_layers(self.model, plan.fp8_backend), datamodule.naming_worker_deaths():
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume.ckpt_path if resume else None)
         if train_config.run_test and datamodule.splits.test is not None:
             self._test_best_weights(trainer, module, datamodule)
@@ -259,7 +259,8 @@ class RFDETR(Predictor):
             return
         final = {k: v.clone() for k, v in self.model.state_dict().items()}
         self.model.load_state_dict(weights)
-        trainer.test(module, datamodule=datamodule)
+        with datamodule.naming_worker_deaths():
+            trainer.test(module, datamodule=datamodule)
         self.model.load_state_dict(final)
 
     def _fit_classes(self, class_names: list[str]) -> None:

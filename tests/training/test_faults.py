@@ -1,6 +1,6 @@
 """Injected faults end in a clear message with nothing lost: a non-finite loss, a full or read-only
 disk while a checkpoint is written, a kill mid-write, a sample that fails to load (also in a loader
-worker), an image deleted or truncated during training, and Ctrl-C.
+worker), a loader worker killed by a signal, an image deleted or truncated during training, and Ctrl-C.
 
 Subprocess runs have timeouts: a hang is a failure.
 """
@@ -21,6 +21,7 @@ import detrkit
 from detrkit import RFDETRNano
 from detrkit.datasets.detection import SampleLoadError
 from detrkit.datasets.synthetic import make_synthetic_dataset
+from detrkit.datasets.worker_deaths import SampleWorkerKilled
 from detrkit.training import checkpoints
 from detrkit.training.callbacks.nonfinite import NonFiniteLossError
 from detrkit.training.checkpoints import CheckpointWriteError
@@ -73,14 +74,17 @@ def assert_good_checkpoint(path: Path, epoch: int) -> None:
 
 
 class Poison(pl.Callback):
-    """Sets one pixel of the batch to NaN at the given (epoch, batch index) steps; records image ids."""
+    """Sets one pixel (or all) of the batch to NaN at the given (epoch, batch index) steps; records image ids."""
 
-    def __init__(self, *steps: tuple[int, int]) -> None:
-        self.steps, self.image_ids = set(steps), {}
+    def __init__(self, *steps: tuple[int, int], every_pixel: bool = False) -> None:
+        self.steps, self.image_ids, self.every_pixel = set(steps), {}, every_pixel
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if (trainer.current_epoch, batch_idx) in self.steps:
-            batch.pixels[0, 0, 0, 0] = float("nan")
+            if self.every_pixel:
+                batch.pixels.fill_(float("nan"))
+            else:
+                batch.pixels[0, 0, 0, 0] = float("nan")
             self.image_ids[trainer.current_epoch, batch_idx] = [t.image_id for t in batch.targets]
 
 
@@ -108,6 +112,24 @@ def test_skip_nonfinite_steps_skips_with_a_warning(data, tmp_path, tiny_kwargs):
     with pytest.raises(NonFiniteLossError, match=r"at epoch 1, step 7 .*more than skip_nonfinite_steps=1"):
         fresh_model(tiny_kwargs).train(dataset_dir=str(data), output_dir=str(tmp_path / "two"), epochs=2,
                                        skip_nonfinite_steps=1, callbacks=[Poison((0, 3), (1, 2))], **FAST)
+
+
+def test_keypoint_models_skip_micro_batches_and_drop_a_window_with_none_left(tmp_path):
+    from ddp_keypoints import EXACT, keypoint_data, keypoint_model
+
+    data = keypoint_data(tmp_path / "data")
+    settings = {**EXACT, "optimizer": "adamw", "batch_size": 1, "grad_accum_steps": 2, "skip_nonfinite_steps": 3}
+    # window 1 (batches 2, 3) keeps batch 2; window 2 (batches 4, 5) has nothing left and takes no step
+    with pytest.warns(UserWarning, match=r"skipping this step \(3 of skip_nonfinite_steps=3\)"):
+        keypoint_model().train(dataset_dir=str(data), output_dir=str(tmp_path / "out"),
+                               callbacks=[Poison((0, 3), (0, 4), (0, 5), every_pixel=True)], **settings)
+    last = load(tmp_path / "out" / "last.ckpt")
+    assert last["global_step"] == STEPS_PER_EPOCH
+    assert {int(state["step"]) for state in last["optimizer_states"][0]["state"].values()} == {STEPS_PER_EPOCH - 1}
+    assert all(torch.isfinite(value.float()).all() for value in last["state_dict"].values())
+    with open(tmp_path / "out" / "metrics.csv") as stream:
+        header, row = stream.readline().strip().split(","), stream.readline().strip().split(",")
+    assert float(row[header.index("train/loss")]) > 0  # the mean of the kept batches: no NaN logged
 
 
 def file_of(stream) -> str:
@@ -251,6 +273,38 @@ def test_a_transform_failing_on_one_sample_names_it_in_a_worker(data, tmp_path, 
                                        **{**FAST, "num_workers": 1})
 
 
+def test_a_worker_killed_by_a_signal_names_the_sample_it_was_loading(data, tmp_path, tiny_kwargs, monkeypatch):
+    import json
+
+    from detrkit.datasets import detection
+
+    victim = 3  # a training sample: the data set's records follow the annotation file's order
+    image = json.loads((data / "train" / "_annotations.coco.json").read_text())["images"][victim]
+    armed, real = tmp_path / "armed", detection.DetectionDataset._sample
+
+    def dying(self, index):
+        worker = torch.utils.data.get_worker_info()
+        if armed.exists() and worker is not None and self.records[index].path == data / "train" / image["file_name"]:
+            os.kill(os.getpid(), signal.SIGKILL)  # the worker dies mid-sample, saying nothing
+        return real(self, index)
+
+    class Arm(pl.Callback):
+        def on_train_epoch_end(self, trainer, pl_module) -> None:
+            armed.touch()  # after epoch 0, whose checkpoints are written
+
+    monkeypatch.setattr(detection.DetectionDataset, "_sample", dying)  # loader workers are forked: they see it
+    with pytest.raises(SampleWorkerKilled) as raised:
+        fresh_model(tiny_kwargs).train(dataset_dir=str(data), output_dir=str(tmp_path / "out"), epochs=2,
+                                       callbacks=[Arm()], **{**FAST, "num_workers": 1})
+    message = str(raised.value)
+    assert isinstance(raised.value, SampleLoadError)
+    assert (f") was killed by signal: Killed (SIGKILL) while loading data set sample {victim} (image id "
+            f"{image['id']}, file {data / 'train' / image['file_name']})") in message
+    assert "PyTorch said: DataLoader worker (pid" in message
+    assert_good_checkpoint(tmp_path / "out" / "last.ckpt", epoch=0)
+    assert_good_checkpoint(tmp_path / "out" / "checkpoint_0.ckpt", epoch=0)
+
+
 INTERRUPTED = """
 import os, signal, sys, torch
 import pytorch_lightning as pl
@@ -265,14 +319,17 @@ class CtrlC(pl.Callback):
 
 torch.manual_seed(0)
 RFDETRNano(**TINY).train(dataset_dir={data!r}, output_dir={output!r}, epochs=2, checkpoint_interval=1,
-                         batch_size=2, num_workers=0, progress_bar=None, tensorboard=False, seed=0,
+                         batch_size=2, num_workers={workers}, progress_bar=None, tensorboard=False, seed=0,
                          callbacks=[CtrlC()])
 """
 
 
-def test_ctrl_c_stops_after_the_step_and_says_how_to_resume(data, uninterrupted, tmp_path, tiny_kwargs):
+# with a loader worker, the resumed run's first pass used to take epoch 0's order (its iterator
+# started before Lightning's set_epoch); the order does not depend on the number of workers
+@pytest.mark.parametrize("workers", [0, 1])
+def test_ctrl_c_stops_after_the_step_and_says_how_to_resume(workers, data, uninterrupted, tmp_path, tiny_kwargs):
     at = STEPS_PER_EPOCH + 2
-    done = run_script(INTERRUPTED.format(tests=TESTS, data=str(data), output=str(tmp_path), at=at))
+    done = run_script(INTERRUPTED.format(tests=TESTS, data=str(data), output=str(tmp_path), at=at, workers=workers))
     output = done.stdout + done.stderr
     assert done.returncode == 1, output[-3000:]
     assert f"training interrupted (Ctrl-C) after step {at + 1} (epoch 1, batch 2)" in output  # the step finished
@@ -280,5 +337,5 @@ def test_ctrl_c_stops_after_the_step_and_says_how_to_resume(data, uninterrupted,
         in output
     assert_good_checkpoint(tmp_path / "last.ckpt", epoch=0)
     RFDETRNano(**tiny_kwargs).train(dataset_dir=str(data), output_dir=str(tmp_path), epochs=2, resume="last",
-                                    **FAST)
+                                    **{**FAST, "num_workers": workers})
     assert_same_weights(uninterrupted, load(tmp_path / "last.ckpt"))

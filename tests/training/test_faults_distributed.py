@@ -1,6 +1,8 @@
 """DDP on CPU (gloo) where one process gets no validation or test batch: fewer images than
 processes (reference #1085) must neither deadlock nor change the metrics, and run_test=True at the
-end of such a fit must not hang (reference #1505).
+end of such a fit must not hang (reference #1505). A NaN loss on one process stops every process
+with the same message naming that process's batch; with skip_nonfinite_steps all of them skip it
+and end with the same weights.
 
 Every launch has a timeout: a hang is a failure.
 """
@@ -13,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from detrkit.datasets.synthetic import make_synthetic_dataset
 
@@ -27,11 +30,18 @@ def data(tmp_path_factory) -> Path:
                                   num_test=1, image_size=(96, 64), seed=0)
 
 
+STEPS_PER_EPOCH = 5  # 4 training images, 2 processes x batch 1: the tiny-set minimum of 5 steps
+
+
 def launch(*args: str) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     done = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True,
                           timeout=TIMEOUT, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def read_rank(output: Path, rank: int) -> dict:
+    return json.loads((output / f"rank{rank}.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +67,36 @@ def test_validation_with_an_idle_process_equals_one_process(data, fitted, tmp_pa
     assert "val/mAP_50_95" in single and "val/mAR" in single
     for rank in (0, 1):  # the process without a batch logs the same numbers
         assert json.loads((tmp_path / "two" / f"rank{rank}.json").read_text())["metrics"] == single
+
+
+def test_nan_loss_on_one_process_stops_both_naming_its_batch(data, tmp_path):
+    launch("nonfinite", str(data), str(tmp_path), "--devices", "2", "--poison", "1,1,2")
+    ids = read_rank(tmp_path, 1)["poisoned"]["1,2"]
+    assert read_rank(tmp_path, 0)["poisoned"] == {}  # the NaN was on process 1 only
+    expected = (f"non-finite training loss at epoch 1, step {STEPS_PER_EPOCH + 2} (batch 2 of the epoch), "
+                f"image ids {ids} on process 1. Nothing after the last checkpoint was saved")
+    for rank in (0, 1):  # both stopped (neither hung in an all-reduce), with the same message
+        assert expected in read_rank(tmp_path, rank)["error"]
+    last = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["epoch"] == 0 and last["global_step"] == STEPS_PER_EPOCH  # the last good one
+    assert all(torch.isfinite(value.float()).all() for value in last["state_dict"].values())
+    assert not (tmp_path / "checkpoint_1.ckpt").exists()
+
+
+def test_skip_nonfinite_steps_skips_together_and_ranks_end_identical(data, tmp_path):
+    # a NaN on process 1 in epoch 0 and on process 0 in epoch 1, both skipped
+    launch("nonfinite", str(data), str(tmp_path), "--devices", "2", "--skip-nonfinite", "2",
+           "--poison", "1,0,3", "--poison", "0,1,1")
+    for rank in (0, 1):
+        assert read_rank(tmp_path, rank)["error"] is None
+    finals = [torch.load(tmp_path / f"final{rank}.pt", weights_only=True) for rank in (0, 1)]
+    for final in finals:
+        assert final["global_step"] == 2 * STEPS_PER_EPOCH
+        assert final["adam_steps"] == [2 * STEPS_PER_EPOCH - 2]  # the two skipped steps moved no weight or moment
+        assert final["ema_updates"] == 2 * STEPS_PER_EPOCH  # the EMA takes every step, as with one process
+    for track in ("live", "ema"):
+        for key, value in finals[0][track].items():
+            assert torch.equal(value, finals[1][track][key]), (track, key)
+            assert torch.isfinite(value.float()).all(), (track, key)
+    last = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["callbacks"]["NonFiniteLossGuard"] == {"skipped": 2}

@@ -17,6 +17,7 @@ from torchvision import tv_tensors
 from detrkit.datasets import keypoints as kp
 from detrkit.datasets.images import read_image, to_tensor
 from detrkit.datasets.keypoint_schema import KeypointSchema
+from detrkit.datasets.loading_slots import LoadingSlots
 from detrkit.datasets.segments import decode_masks
 from detrkit.ops.boxes import xyxy_to_cxcywh
 from detrkit.structures import Target
@@ -70,6 +71,8 @@ class DetectionDataset(Dataset):
     """
 
     skip_unreadable: bool = False
+    # the sample each loader worker is loading, so that one killed by a signal can be named (worker_deaths.py)
+    slots: LoadingSlots = LoadingSlots()
 
     def __init__(self, records: list[ImageRecord], class_names: list[str], transform: SampleTransform,
                  label_to_category_id: dict[int, int] | None = None,
@@ -86,11 +89,16 @@ class DetectionDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, Target]:
         try:
-            return self._sample(index)
+            with self.slots.loading(index):
+                return self._sample(index)
         except Exception as error:  # in a loader worker too: the message travels, naming the sample
-            record = self.records[index]
-            raise SampleLoadError(f"data set sample {index} (image id {record.image_id}, file {record.path}) "
-                                  f"failed to load: {type(error).__name__}: {error}") from error
+            raise SampleLoadError(f"{self.sample_name(index)} failed to load: {type(error).__name__}: "
+                                  f"{error}") from error
+
+    def sample_name(self, index: int) -> str:
+        """How errors name sample `index`: 'data set sample 3 (image id 7, file .../x.jpg)'."""
+        record = self.records[index]
+        return f"data set sample {index} (image id {record.image_id}, file {record.path})"
 
     def _sample(self, index: int) -> tuple[torch.Tensor, Target]:
         record, image = self._readable(index)

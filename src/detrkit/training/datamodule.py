@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import secrets
@@ -14,7 +15,10 @@ from detrkit.config import ModelConfig, TrainConfig
 from detrkit.datasets.augmentation import build_augmentation
 from detrkit.datasets.collate import collate
 from detrkit.datasets.detect import DatasetSplits, build_datasets
+from detrkit.datasets.detection import DetectionDataset
+from detrkit.datasets.loading_slots import LoadingSlots
 from detrkit.datasets.mixing import MixedSamples
+from detrkit.datasets.worker_deaths import naming_worker_deaths
 from detrkit.structures import Batch
 from detrkit.training.auto_batch import require_integer_batch
 from detrkit.training.sampling import EpochSampler, EpochTagged, SeededSamples
@@ -25,6 +29,29 @@ MIN_STEPS_PER_EPOCH = 5
 
 class PaddingShare(list):
     """The evaluation indices of a process that has no image of its own: run, never scored."""
+
+
+class EpochLoader(DataLoader):
+    """The training loader, whose pass over the epoch starts at its first batch rather than at iter().
+
+    A resumed run's first iter() comes before Lightning's set_epoch; loader workers take their
+    first keys as their iterator starts, so they would train that epoch on epoch 0's order."""
+
+    def __iter__(self):
+        return _StartsAtFirstBatch(super().__iter__)
+
+
+class _StartsAtFirstBatch:
+    def __init__(self, start) -> None:
+        self._start, self._iterator = start, None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._iterator is None:
+            self._iterator = self._start()
+        return next(self._iterator)
 
 
 class RFDETRDataModule(pl.LightningDataModule):
@@ -76,13 +103,19 @@ class RFDETRDataModule(pl.LightningDataModule):
         return EpochSampler(len(self.splits.train), self.sample_seed, window, rank=rank, world_size=world_size,
                             min_samples=MIN_STEPS_PER_EPOCH * window)
 
+    def naming_worker_deaths(self) -> contextlib.AbstractContextManager:
+        """Inside, a loader worker killed while loading a sample raises SampleWorkerKilled naming it."""
+        return naming_worker_deaths([split for split in (self.splits.train, self.splits.valid, self.splits.test)
+                                     if split is not None])
+
     def train_dataloader(self) -> DataLoader:
         config = self.train_config
+        self._watch(self.splits.train)
         samples, sampler = SeededSamples(self.splits.train), self.train_sampler()
         if config.mosaic or config.mixup:  # the last close_mosaic_epochs train on plain samples
             samples = MixedSamples(samples, config.mosaic, config.mixup, config.epochs - config.close_mosaic_epochs)
             sampler = EpochTagged(sampler)
-        return self._loader(samples, config.batch_size, sampler=sampler, drop_last=True)
+        return self._loader(samples, config.batch_size, sampler=sampler, drop_last=True, kind=EpochLoader)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader(self.splits.valid)
@@ -97,6 +130,7 @@ class RFDETRDataModule(pl.LightningDataModule):
         left without images (fewer than processes) gets image 0 as a PaddingShare, which it runs
         but does not score: Lightning refuses an empty loader on one process, and every process
         must take part in the evaluation's collectives."""
+        self._watch(dataset)
         rank, world_size = self._placement()
         indices = list(range(rank, len(dataset), world_size))
         if not indices and len(dataset):
@@ -114,13 +148,21 @@ class RFDETRDataModule(pl.LightningDataModule):
             return torch.cuda.is_available()
         return self.trainer.strategy.root_device.type == "cuda"
 
-    def _loader(self, dataset: Dataset, batch_size: int, sampler, drop_last: bool = False) -> DataLoader:
-        config, on_cuda = self.train_config, self._on_cuda()
-        workers = config.num_workers
-        if workers is None:
-            processes = self.trainer.world_size // self.trainer.num_nodes if self.trainer is not None else 1
-            workers = default_num_workers(on_cuda, processes)
-        return DataLoader(
+    def _workers(self) -> int:
+        if self.train_config.num_workers is not None:
+            return self.train_config.num_workers
+        processes = self.trainer.world_size // self.trainer.num_nodes if self.trainer is not None else 1
+        return default_num_workers(self._on_cuda(), processes)
+
+    def _watch(self, dataset: DetectionDataset) -> None:
+        """A table of what each of the data set's loader workers loads, made before they start."""
+        if len(dataset.slots) != self._workers():
+            dataset.slots = LoadingSlots(self._workers())
+
+    def _loader(self, dataset: Dataset, batch_size: int, sampler, drop_last: bool = False,
+                kind: type[DataLoader] = DataLoader) -> DataLoader:
+        config, on_cuda, workers = self.train_config, self._on_cuda(), self._workers()
+        return kind(
             dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
             collate_fn=self._collate, num_workers=workers,
             pin_memory=config.pin_memory if config.pin_memory is not None else on_cuda,

@@ -23,6 +23,7 @@ from detrkit.losses.accumulation import BoxCountNormaliser, rescale_gradients
 from detrkit.losses.criterion import LossOutput, SetCriterion, num_boxes_normaliser
 from detrkit.structures import DetectorOutput, Target
 from detrkit.training.accel.plan import SHARDED_STRATEGIES
+from detrkit.training.callbacks.nonfinite import zero_loss
 
 if TYPE_CHECKING:
     from detrkit.training.module import RFDETRModelModule
@@ -60,7 +61,7 @@ class ManualAccumulation:
                  admit: Callable[[torch.Tensor], bool] | None = None) -> LossOutput:
         """Back-propagate one micro-batch, and step when it closes its window. Returns its losses
         over its own box count, detached: what an automatic step would log for it. `admit(loss)`
-        False leaves the micro-batch out of its window (no backward, no box count)."""
+        False leaves the micro-batch out of its window (a zero gradient, no box count)."""
         count = num_boxes_normaliser(targets, groups, outputs.pred_logits.device)  # the same on every process
         numerators = criterion(outputs, targets, groups=groups, image_size=image_size,
                                num_boxes=torch.ones_like(count))
@@ -71,8 +72,11 @@ class ManualAccumulation:
         if admit is None or admit(numerators.total):
             scales = self.normaliser.scales(count)
             rescale_gradients(module.parameters(), scales.gradients)
-            with optimizer.toggle_model(sync_grad=closes):  # DDP's no_sync for the backwards that do not close
-                module.manual_backward(numerators.total / scales.denominator)
+            loss = numerators.total / scales.denominator
+        else:  # a skipped micro-batch: zeros, so that DDP's all-reduce stays paired
+            loss = zero_loss(module)
+        with optimizer.toggle_model(sync_grad=closes):  # DDP's no_sync for the backwards that do not close
+            module.manual_backward(loss)
         if closes:
             optimizer.step()  # clipping runs in on_before_optimizer_step, after unscaling
             optimizer.zero_grad()

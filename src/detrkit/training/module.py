@@ -25,7 +25,7 @@ from detrkit.training.accel.cuda_graphs import GraphedTrainingForward, graphed_f
 from detrkit.training.accel.plan import AccelerationPlan
 from detrkit.training.accel.precision import fused_adamw_applies
 from detrkit.training.auto_batch import require_integer_batch
-from detrkit.training.callbacks.nonfinite import NonFiniteLossGuard
+from detrkit.training.callbacks.nonfinite import NonFiniteLossGuard, zero_loss
 from detrkit.training.checkpoints import run_metadata
 from detrkit.training.datamodule import PaddingShare
 from detrkit.training.ema import ModelEMA
@@ -111,7 +111,7 @@ class RFDETRModelModule(pl.LightningModule):
         self.model.train()
         self.coco_stats = {}
 
-    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
         if self.train_scales:  # one scale per optimizer step, shared by its micro-batches
             batch = resize_batch(batch, batch_scale(self.global_step, self.train_scales))
         outputs = (self._train_forward or self.model)(batch.pixels, batch.padding)
@@ -125,8 +125,9 @@ class RFDETRModelModule(pl.LightningModule):
                                           batch.pixels.shape[-2:], batch_idx, admit)
             else:
                 losses = self.criterion(outputs, batch.targets, groups=groups, image_size=batch.pixels.shape[-2:])
-                if not admit(losses.total):
-                    return None  # Lightning skips the backward and the optimizer step
+                admit(losses.total)
+        if not self.nonfinite.admitted:  # a skipped step logs nothing; the guard drops its optimizer step
+            return None if self.manual_step is not None else zero_loss(self)
         if self.train_metrics is not None:
             self.train_metrics.add(outputs, batch)
         size, config = len(batch), self.train_config
