@@ -144,7 +144,7 @@ class DatasetGrids(pl.Callback):
 
     def _draw(self, trainer: pl.Trainer, batch: Batch, split: str, what: str) -> None:
         path = self.folder / f"{split}_grid.png"
-        if trainer.current_epoch == 0 and trainer.is_global_zero and not path.exists():
+        if trainer.current_epoch == 0 and trainer.is_global_zero and path not in self.written:
             self.written.append(plot_train_batch(batch, self.class_names, self.edges, path,
                                                  f"{split} split: first batch, {what}"))
 
