@@ -138,3 +138,17 @@ def test_the_installed_command_exits_with_status_2(tmp_path):
     done = subprocess.run([sys.executable, "-m", "detrkit.cli", *train("--set", "epoch=3")], check=False,
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2 and "did you mean epochs" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_ctrl_c_in_training_prints_where_to_resume_and_exits_130(tiny_nano, tmp_path, capsys, monkeypatch):
+    from detrkit.training.callbacks.interrupt import TrainingInterrupted
+
+    message = "training interrupted (Ctrl-C) after step 8 (epoch 2/2, batch 3/5). out/last.ckpt holds this point"
+
+    def interrupted(self, **kwargs):
+        raise TrainingInterrupted(message)
+
+    monkeypatch.setattr(RFDETRNano, "train", interrupted)
+    assert cli.main(train(dataset=str(tmp_path))) == cli.INTERRUPTED_STATUS == 130
+    err = capsys.readouterr().err
+    assert err == f"detrkit train: {message}\n"

@@ -17,6 +17,7 @@ MODELS = ("nano", "small", "medium", "large")
 # user's to fix, and is printed as one message; anywhere else it is a bug and keeps its traceback
 _EDGES = ("detrkit.config", "detrkit.datasets", "detrkit.models.download", "detrkit.models.weights",
           "detrkit.training.resume", "detrkit.detr", "detrkit.cli")
+INTERRUPTED_STATUS = 130  # what a shell reports for a program ended by Ctrl-C
 USER_ERROR_STATUS = 2
 
 
@@ -154,16 +155,28 @@ def _export_batch(text: str) -> int | str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command; a user error (settings, data set, checkpoint, weights) prints one message
-    and returns 2, unless --debug or DETRKIT_DEBUG=1 asks for its traceback."""
+    and returns 2, unless --debug or DETRKIT_DEBUG=1 asks for its traceback; training stopped by
+    Ctrl-C prints where it stopped and how to resume, and returns 130."""
     parser = _parser()
     args = parser.parse_args(argv)
     try:
         return _run(args, parser)
     except Exception as error:
+        if _interrupted(error):  # Ctrl-C in training: the message says where and how to resume
+            print(f"detrkit {args.command}: {error}", file=sys.stderr)
+            return INTERRUPTED_STATUS
         if not is_user_error(error) or args.debug or os.environ.get("DETRKIT_DEBUG", "0") not in ("", "0"):
             raise
         print(f"detrkit {args.command}: error: {user_message(error, args.command)}", file=sys.stderr)
         return USER_ERROR_STATUS
+
+
+def _interrupted(error: BaseException) -> bool:
+    if "detrkit.training.callbacks.interrupt" not in sys.modules:  # not loaded: no training ran
+        return False
+    from detrkit.training.callbacks.interrupt import TrainingInterrupted
+
+    return isinstance(error, TrainingInterrupted)
 
 
 def is_user_error(error: BaseException) -> bool:

@@ -5,6 +5,7 @@ worker), a loader worker killed by a signal, an image deleted or truncated durin
 Subprocess runs have timeouts: a hang is a failure.
 """
 
+import csv
 import errno
 import os
 import signal
@@ -46,12 +47,12 @@ def fresh_model(tiny: dict) -> RFDETRNano:
 
 @pytest.fixture(scope="module")
 def uninterrupted(data, tmp_path_factory) -> dict:
-    """last.ckpt of an uninterrupted two-epoch run: what every resumed run must end with."""
+    """last.ckpt and metrics.csv rows of an uninterrupted two-epoch run: what every resumed run must end with."""
     from tiny_config import TINY
 
     output = tmp_path_factory.mktemp("uninterrupted")
     fresh_model(TINY).train(dataset_dir=str(data), output_dir=str(output), epochs=2, **FAST)
-    return load(output / "last.ckpt")
+    return {"last": load(output / "last.ckpt"), "metrics": metrics_rows(output)}
 
 
 def load(path: Path) -> dict:
@@ -178,7 +179,7 @@ def test_checkpoint_write_failure_names_the_file_and_keeps_the_previous(fault, d
     state["armed"] = False  # space freed: the resume ends where an uninterrupted run ends
     RFDETRNano(**tiny_kwargs).train(dataset_dir=str(data), output_dir=str(tmp_path), epochs=2, resume="last",
                                     **FAST)
-    assert_same_weights(uninterrupted, load(tmp_path / "last.ckpt"))
+    assert_same_weights(uninterrupted["last"], load(tmp_path / "last.ckpt"))
 
 
 KILLED_WRITE = """
@@ -220,7 +221,7 @@ def test_killed_while_writing_last_resumes_from_the_previous_checkpoint(data, un
     RFDETRNano(**tiny_kwargs).train(dataset_dir=str(data), output_dir=str(tmp_path), epochs=2, resume="last",
                                     **FAST)
     assert not partial[0].exists()  # cleared when the resumed run started
-    assert_same_weights(uninterrupted, load(tmp_path / "last.ckpt"))
+    assert_same_weights(uninterrupted["last"], load(tmp_path / "last.ckpt"))
 
 
 class DamageImage(pl.Callback):
@@ -313,29 +314,85 @@ from tiny_config import TINY
 from detrkit import RFDETRNano
 
 class CtrlC(pl.Callback):
+    fired = False
+
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if trainer.global_step == {at}:
+        if trainer.global_step == {at} and not self.fired:
+            self.fired = True
             os.kill(os.getpid(), signal.SIGINT)  # lands in the middle of this step
 
 torch.manual_seed(0)
 RFDETRNano(**TINY).train(dataset_dir={data!r}, output_dir={output!r}, epochs=2, checkpoint_interval=1,
                          batch_size=2, num_workers={workers}, progress_bar=None, tensorboard=False, seed=0,
-                         callbacks=[CtrlC()])
+                         callbacks=[CtrlC()], **{extra!r})
 """
+
+
+def metrics_rows(output: Path) -> list[dict[str, str]]:
+    with open(output / "metrics.csv", newline="") as stream:
+        return list(csv.DictReader(stream))
 
 
 # with a loader worker, the resumed run's first pass used to take epoch 0's order (its iterator
 # started before Lightning's set_epoch); the order does not depend on the number of workers
 @pytest.mark.parametrize("workers", [0, 1])
-def test_ctrl_c_stops_after_the_step_and_says_how_to_resume(workers, data, uninterrupted, tmp_path, tiny_kwargs):
-    at = STEPS_PER_EPOCH + 2
-    done = run_script(INTERRUPTED.format(tests=TESTS, data=str(data), output=str(tmp_path), at=at, workers=workers))
+def test_ctrl_c_stops_after_the_step_writes_last_and_resumes_exactly(workers, data, uninterrupted, tmp_path,
+                                                                     tiny_kwargs):
+    at = STEPS_PER_EPOCH + 2  # epoch 1, batch 2: inside the epoch
+    done = run_script(INTERRUPTED.format(tests=TESTS, data=str(data), output=str(tmp_path), at=at, workers=workers,
+                                           extra={}))
     output = done.stdout + done.stderr
     assert done.returncode == 1, output[-3000:]
-    assert f"training interrupted (Ctrl-C) after step {at + 1} (epoch 1, batch 2)" in output  # the step finished
-    assert f"{tmp_path}/last.ckpt holds epoch 0, the last completed one: resume with train(..., resume='last')" \
-        in output
-    assert_good_checkpoint(tmp_path / "last.ckpt", epoch=0)
+    # the step finished, then last.ckpt was written for that point
+    assert (f"training interrupted (Ctrl-C) after step {at + 1} (epoch 2/2, batch 3/{STEPS_PER_EPOCH}). "
+            f"{tmp_path}/last.ckpt holds this point: resume with train(..., resume='last')") in output
+    interrupted = load(tmp_path / "last.ckpt")
+    assert interrupted["global_step"] == at + 1 and interrupted["interrupted_at"] == {"epoch": 1, "batch": 2,
+                                                                                       "step": at + 1}
+    assert interrupted["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"epoch": 1, "batches": 3}]
+    assert type(detrkit.from_checkpoint(str(tmp_path / "last.ckpt"))) is RFDETRNano
+    assert len(metrics_rows(tmp_path)) == 1  # epoch 0's row; the cut epoch has none yet
     RFDETRNano(**tiny_kwargs).train(dataset_dir=str(data), output_dir=str(tmp_path), epochs=2, resume="last",
                                     **{**FAST, "num_workers": workers})
-    assert_same_weights(uninterrupted, load(tmp_path / "last.ckpt"))
+    assert_same_weights(uninterrupted["last"], load(tmp_path / "last.ckpt"))
+    assert metrics_rows(tmp_path) == uninterrupted["metrics"]  # the cut epoch's train/* means too
+
+
+ACCUMULATED = {"grad_accum_steps": 2, "compute_train_metrics": True, "train_log_on_step": True}
+
+
+def test_ctrl_c_inside_an_accumulation_window_stops_when_it_closes(data, tmp_path, tiny_kwargs):
+    """The stop waits for the window's last micro-batch (partial gradients are in no checkpoint);
+    the per-step and per-epoch train/* logs and the training-set mAP of the cut epoch come back."""
+    whole = tmp_path / "whole"
+    fresh_model(tiny_kwargs).train(dataset_dir=str(data), output_dir=str(whole), epochs=2, **FAST, **ACCUMULATED)
+    cut = tmp_path / "cut"
+    # 20 samples an epoch (5 windows of 2 x 2): step 6 is epoch 1's second window, micro-batches 2 and 3
+    done = run_script(INTERRUPTED.format(tests=TESTS, data=str(data), output=str(cut), at=6, workers=0,
+                                         extra=ACCUMULATED))
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output[-3000:]
+    assert "training interrupted (Ctrl-C) after step 7 (epoch 2/2, batch 4/10)." in output
+    assert load(cut / "last.ckpt")["interrupted_at"] == {"epoch": 1, "batch": 3, "step": 7}
+    fresh_model(tiny_kwargs).train(dataset_dir=str(data), output_dir=str(cut), epochs=2, resume="last", **FAST,
+                                   **ACCUMULATED)
+    assert_same_weights(load(whole / "last.ckpt"), load(cut / "last.ckpt"))
+    rows = metrics_rows(cut)
+    assert rows == metrics_rows(whole)
+    assert {"train/loss_epoch", "train/mAP_50"} <= set(rows[1])
+
+
+def test_ctrl_c_in_the_last_step_of_an_epoch_lets_it_finish(data, uninterrupted, tmp_path, tiny_kwargs):
+    done = run_script(INTERRUPTED.format(tests=TESTS, data=str(data), output=str(tmp_path), at=STEPS_PER_EPOCH - 1,
+                                         workers=0, extra={}))
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output[-3000:]
+    assert "Ctrl-C: this epoch's validation and checkpoints come first, then training stops" in output
+    assert (f"training interrupted (Ctrl-C) after epoch 1/2. {tmp_path}/last.ckpt holds that epoch: resume with "
+            f"train(..., resume='last')") in output
+    assert_good_checkpoint(tmp_path / "last.ckpt", epoch=0)
+    assert "interrupted_at" not in load(tmp_path / "last.ckpt")
+    assert (tmp_path / "checkpoint_best_ema.pth").is_file()  # the epoch was validated and ranked
+    RFDETRNano(**tiny_kwargs).train(dataset_dir=str(data), output_dir=str(tmp_path), epochs=2, resume="last", **FAST)
+    assert_same_weights(uninterrupted["last"], load(tmp_path / "last.ckpt"))
+    assert metrics_rows(tmp_path) == uninterrupted["metrics"]

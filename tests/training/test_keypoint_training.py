@@ -8,6 +8,7 @@ Every launch has a timeout: a hang is a failure.
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from pytorch_lightning.utilities.types import LRSchedulerConfig
 
 from detrkit.config import KeypointTrainConfig, TrainConfig
 from detrkit.training import RFDETRModelModule, build_trainer
+from detrkit.training.callbacks.interrupt import TrainingInterrupted
 from detrkit.training.datamodule import MIN_STEPS_PER_EPOCH
 from detrkit.training.manual_step import ManualAccumulation, require_data_parallel, step_schedulers
 from detrkit.training.sampling import EpochSampler
@@ -156,12 +158,7 @@ def test_clipping_schedule_and_ema_follow_optimizer_steps(preset_run):
     assert scheduler["_last_lr"] == [0.0] * len(scheduler["_last_lr"])  # the schedule spans exactly the steps
 
 
-def test_crash_mid_window_resumes_to_the_same_state(data, preset_run, tmp_path):
-    with pytest.raises(RuntimeError, match="crash"):
-        train_preset(data, tmp_path, callbacks=[Crash()])
-    assert load(tmp_path / "last.ckpt")["epoch"] == 0
-    train_preset(data, tmp_path, resume="last")  # repeats epoch 1, its windows at the same batches
-    uninterrupted, resumed = load(preset_run[0] / "last.ckpt"), load(tmp_path / "last.ckpt")
+def assert_same_state(uninterrupted: dict, resumed: dict) -> None:
     assert uninterrupted["global_step"] == resumed["global_step"]
     # the resumed window's first micro-batch is no optimizer step: no extra average
     assert uninterrupted["callbacks"]["EMA"]["updates"] == resumed["callbacks"]["EMA"]["updates"]
@@ -172,6 +169,28 @@ def test_crash_mid_window_resumes_to_the_same_state(data, preset_run, tmp_path):
     moments, resumed_moments = (c["optimizer_states"][0]["state"] for c in (uninterrupted, resumed))
     for index, state in moments.items():
         assert torch.equal(state["exp_avg_sq"], resumed_moments[index]["exp_avg_sq"]), index
+
+
+def test_crash_mid_window_resumes_to_the_same_state(data, preset_run, tmp_path):
+    with pytest.raises(RuntimeError, match="crash"):
+        train_preset(data, tmp_path, callbacks=[Crash()])
+    assert load(tmp_path / "last.ckpt")["epoch"] == 0
+    train_preset(data, tmp_path, resume="last")  # repeats epoch 1, its windows at the same batches
+    assert_same_state(load(preset_run[0] / "last.ckpt"), load(tmp_path / "last.ckpt"))
+
+
+class CtrlC(pl.Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.current_epoch == 1 and batch_idx == 2:  # the first micro-batch of window [2, 3]
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_mid_epoch_stops_when_the_window_closes_and_resumes_there(data, preset_run, tmp_path):
+    with pytest.raises(TrainingInterrupted, match=r"after step 7 \(epoch 2/2, batch 4/10\)"):
+        train_preset(data, tmp_path, callbacks=[CtrlC()])
+    assert load(tmp_path / "last.ckpt")["interrupted_at"] == {"epoch": 1, "batch": 3, "step": 7}
+    train_preset(data, tmp_path, resume="last")  # goes on with batch 4, the next window's first
+    assert_same_state(load(preset_run[0] / "last.ckpt"), load(tmp_path / "last.ckpt"))
 
 
 def test_windows_follow_the_batch_index():

@@ -87,3 +87,47 @@ def test_loader_workers_do_not_change_what_a_step_sees():
         return [item for batch in loader for item in batch]
 
     assert epoch(2) == epoch(0)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_resumed_pass_skips_what_was_trained_in_that_epoch_only(world_size):
+    full = EpochSampler(10, seed=1, window=4, rank=world_size - 1, world_size=world_size)
+    full.set_epoch(2)
+    keys = list(full)
+    sampler = EpochSampler(10, seed=1, window=4, rank=world_size - 1, world_size=world_size)
+    sampler.resume_at(2, 4)
+    sampler.set_epoch(2)
+    assert sampler.skipped == 4
+    assert list(sampler) == keys[4:]
+    assert sampler.skipped == 0 and list(sampler) == keys  # one pass only
+    sampler.resume_at(1, 4)  # the resumed epoch is another: nothing skipped, request dropped
+    assert list(sampler) == keys and sampler.skipped == 0
+
+
+def test_the_training_loader_resumes_its_pass_where_the_checkpoint_left_it():
+    from detrkit.training.datamodule import EpochLoader
+
+    def loader() -> EpochLoader:
+        sampler = EpochSampler(4, seed=5, window=2, min_samples=8)  # 4 batches
+        sampler.set_epoch(1)
+        return EpochLoader(SeededSamples(Draws()), batch_size=2, sampler=sampler, collate_fn=list)
+
+    whole = loader()
+    batches = list(whole)
+    assert whole.state_dict() == {"epoch": 1, "batches": len(batches)}
+    cut = loader()
+    seen = iter(cut)
+    taken = [next(seen), next(seen)]
+    state = cut.state_dict()
+    assert state == {"epoch": 1, "batches": 2}
+    resumed = loader()
+    resumed.load_state_dict(state)
+    torch.manual_seed(0)
+    expected_rng = torch.get_rng_state()
+    rest = list(resumed)
+    assert taken + rest == batches
+    assert torch.equal(torch.get_rng_state(), expected_rng)  # the resumed pass drew no base seed
+    assert resumed.state_dict() == {"epoch": 1, "batches": len(batches)}
+    ended = loader()
+    ended.load_state_dict({"epoch": 1, "batches": len(batches)})  # an ended pass: the next one is whole
+    assert list(ended) == batches

@@ -6,6 +6,7 @@ import contextlib
 import functools
 import os
 import secrets
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -32,26 +33,51 @@ class PaddingShare(list):
 
 
 class EpochLoader(DataLoader):
-    """The training loader, whose pass over the epoch starts at its first batch rather than at iter().
+    """The training loader: its pass over the epoch starts at its first batch rather than at
+    iter(), and it can resume a pass in the middle (Lightning's stateful-loader interface).
 
     A resumed run's first iter() comes before Lightning's set_epoch; loader workers take their
-    first keys as their iterator starts, so they would train that epoch on epoch 0's order."""
+    first keys as their iterator starts, so they would train that epoch on epoch 0's order.
+    `state_dict()` is the epoch of the current pass and the batches it has handed out (Lightning
+    fetches none ahead of the step when the loader has a length, so that many were trained on);
+    `load_state_dict()` makes the next pass of that epoch skip them without loading them."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._pass = {"epoch": 0, "batches": 0}
 
     def __iter__(self):
-        return _StartsAtFirstBatch(super().__iter__)
+        return _StartsAtFirstBatch(self)
+
+    def state_dict(self) -> dict[str, int]:
+        return dict(self._pass)
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        epoch, batches = int(state_dict["epoch"]), int(state_dict["batches"])
+        if 0 < batches < len(self):  # a pass that ended needs no skipping
+            self.sampler.resume_at(epoch, batches * self.batch_size)
+            self._pass = {"epoch": epoch, "batches": batches}
 
 
 class _StartsAtFirstBatch:
-    def __init__(self, start) -> None:
-        self._start, self._iterator = start, None
+    def __init__(self, loader: EpochLoader) -> None:
+        self._loader, self._iterator = loader, None
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        loader = self._loader
         if self._iterator is None:
-            self._iterator = self._start()
-        return next(self._iterator)
+            sampler = loader.sampler
+            loader._pass = {"epoch": sampler.epoch, "batches": sampler.skipped // loader.batch_size}
+            # a new iterator draws its workers' base seed from the global generator; a resumed pass
+            # must leave that generator as the checkpoint had it, where the step goes on
+            with torch.random.fork_rng(devices=[], enabled=loader._pass["batches"] > 0):
+                self._iterator = DataLoader.__iter__(loader)
+        batch = next(self._iterator)
+        loader._pass["batches"] += 1
+        return batch
 
 
 class RFDETRDataModule(pl.LightningDataModule):
@@ -74,6 +100,8 @@ class RFDETRDataModule(pl.LightningDataModule):
         self.splits = splits if splits is not None else build_datasets(train_config, model_config)
         self._collate = functools.partial(collate, block=model_config.block_size)
         self.sample_seed = train_config.seed if train_config.seed is not None else secrets.randbelow(2**31)
+        self._train_loader: EpochLoader | None = None  # the last one train_dataloader() made
+        self._loader_state: dict[str, int] | None = None  # its place in an epoch, from a checkpoint
         # the Kornia backend augments and normalises training batches on their device; others: None
         self.batch_augment = build_augmentation(train_config, self.splits.keypoint_flip).batch_augment()
 
@@ -85,11 +113,19 @@ class RFDETRDataModule(pl.LightningDataModule):
         if self.trainer is not None and self.trainer.world_size > 1:  # one order for all processes
             self.sample_seed = self.trainer.strategy.broadcast(self.sample_seed, src=0)
 
-    def state_dict(self) -> dict[str, int]:
-        return {"sample_seed": self.sample_seed}
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"sample_seed": self.sample_seed}
+        if self._train_loader is not None:  # where its pass stands, for a checkpoint written mid-epoch
+            state["train_loader"] = self._train_loader.state_dict()
+        return state
 
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restored before or after the training loader is made (Lightning makes it early when
+        the LR schedule needs the step count), so the loader's place waits for it if need be."""
         self.sample_seed = int(state_dict["sample_seed"])
+        self._loader_state = state_dict.get("train_loader")
+        if self._train_loader is not None and self._loader_state is not None:
+            self._train_loader.load_state_dict(self._loader_state)
 
     def on_after_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:
         if self.batch_augment is not None and self.trainer is not None and self.trainer.training:
@@ -115,7 +151,10 @@ class RFDETRDataModule(pl.LightningDataModule):
         if config.mosaic or config.mixup:  # the last close_mosaic_epochs train on plain samples
             samples = MixedSamples(samples, config.mosaic, config.mixup, config.epochs - config.close_mosaic_epochs)
             sampler = EpochTagged(sampler)
-        return self._loader(samples, config.batch_size, sampler=sampler, drop_last=True, kind=EpochLoader)
+        self._train_loader = self._loader(samples, config.batch_size, sampler=sampler, drop_last=True, kind=EpochLoader)
+        if self._loader_state is not None:
+            self._train_loader.load_state_dict(self._loader_state)
+        return self._train_loader
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader(self.splits.valid)

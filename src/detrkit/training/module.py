@@ -25,10 +25,12 @@ from detrkit.training.accel.cuda_graphs import GraphedTrainingForward, graphed_f
 from detrkit.training.accel.plan import AccelerationPlan
 from detrkit.training.accel.precision import fused_adamw_applies
 from detrkit.training.auto_batch import require_integer_batch
+from detrkit.training.callbacks.interrupt import GracefulInterrupt, restarted_mid_epoch
 from detrkit.training.callbacks.nonfinite import NonFiniteLossGuard, zero_loss
 from detrkit.training.checkpoints import run_metadata
 from detrkit.training.datamodule import PaddingShare
 from detrkit.training.ema import ModelEMA
+from detrkit.training.epoch_means import EpochMeans
 from detrkit.training.evaluation import DetectionEvaluator, with_keypoints, with_masks
 from detrkit.training.manual_step import (
     ManualAccumulation,
@@ -61,6 +63,9 @@ class RFDETRModelModule(pl.LightningModule):
         self.manual_step = ManualAccumulation(train_config.grad_accum_steps) if trains_manually(train_config) else None
         self.automatic_optimization = self.manual_step is None
         self.nonfinite = NonFiniteLossGuard(train_config.skip_nonfinite_steps)  # a callback (configure_callbacks)
+        self.interrupt = GracefulInterrupt(train_config, self.nonfinite)  # likewise
+        self.epoch_means = EpochMeans()  # train/* sums of the running epoch
+        self._step_logged: set[str] = set()  # train/* names also logged per step
         self.class_names = class_names
         # the RFDETR class checkpoints name, so that from_checkpoint() rebuilds the same preset
         self.model_name = model_name or type(model_config).__name__.removesuffix("Config")
@@ -97,13 +102,19 @@ class RFDETRModelModule(pl.LightningModule):
         self._train_forward = graphed_forward(self.model, self.plan, self.trainer.precision_plugin)
 
     def configure_callbacks(self) -> list[pl.Callback]:
-        return [self.nonfinite]
+        return [self.nonfinite, self.interrupt]
 
     def on_fit_end(self) -> None:
         self._train_forward = None  # frees the graphs' memory pools
 
     def forward(self, pixels: torch.Tensor, padding: torch.Tensor | None = None):
         return self.model(pixels, padding)
+
+    def on_train_start(self) -> None:
+        if restarted_mid_epoch(self.trainer):  # Lightning skips the epoch's start hooks there: run them
+            for callback in self.trainer.callbacks:
+                callback.on_train_epoch_start(self.trainer, self)
+            self.on_train_epoch_start()
 
     def on_train_epoch_start(self) -> None:
         # Lightning keeps submodules that were in eval mode before fit in eval mode; an RFDETR's
@@ -131,19 +142,36 @@ class RFDETRModelModule(pl.LightningModule):
         if self.train_metrics is not None:
             self.train_metrics.add(outputs, batch)
         size, config = len(batch), self.train_config
-        sync, on_step = config.train_log_sync_dist, config.train_log_on_step
-        self.log("train/loss", losses.total, on_step=on_step, on_epoch=True, sync_dist=sync, batch_size=size)
         self.log("loss", losses.total, prog_bar=True, on_step=True, on_epoch=False, logger=False, batch_size=size)
-        # per-term logs follow train_log_on_step only when each layer's term is logged on its own
+        # per-term values follow train_log_on_step only when each layer's term is logged on its own
         terms = {**(_compact_terms(losses.terms) if config.compact_train_metrics else losses.terms),
                  **{name: getattr(losses, name) for name in ("class_error", "cardinality_error")}}
-        for name, value in terms.items():
-            self.log(f"train/{name}", value, on_step=on_step and not config.compact_train_metrics, on_epoch=True,
-                     sync_dist=sync, batch_size=size)
+        values = {"train/loss": losses.total, **{f"train/{name}": value for name, value in terms.items()}}
+        self.epoch_means.add(values, size)  # logged as means at the epoch's last batch
+        if config.train_log_on_step:
+            for name in ("train/loss",) if config.compact_train_metrics else values:
+                self._step_logged.add(name)
+                self.log(f"{name}_step", values[name], on_step=True, on_epoch=False,
+                         sync_dist=config.train_log_sync_dist, batch_size=size)
         # a CPU tensor: Lightning would copy a Python float to the device, a blocking copy each step
         lr = torch.tensor(self.trainer.optimizers[0].param_groups[0]["lr"])
         self.log("lr", lr, prog_bar=True, on_step=True, on_epoch=False, logger=False, batch_size=size)
         return losses.total
+
+    def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
+        """The epoch's train/* means at its last batch; then a pending Ctrl-C may stop the run
+        here, after every callback has seen the step (see GracefulInterrupt)."""
+        if self.trainer.is_last_batch and self.epoch_means:
+            reduce = self._sum_over_processes if self.train_config.train_log_sync_dist else None
+            for name, mean in self.epoch_means.take(reduce).items():
+                forked = name in self._step_logged  # named as Lightning names a value logged per step and epoch
+                self.log(f"{name}_epoch" if forked else name, mean, on_step=False, on_epoch=True, batch_size=1)
+                if forked:
+                    self.log(name, mean, on_step=False, on_epoch=True, logger=False, batch_size=1)
+        self.interrupt.after_step(self.trainer, batch_idx)
+
+    def _sum_over_processes(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.trainer.strategy.reduce(tensor, reduce_op="sum")
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.manual_step is not None:  # Lightning clips under automatic optimisation only
@@ -289,10 +317,22 @@ class RFDETRModelModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint.update(run_metadata(self))
         checkpoint["rng_states"] = rng_states()
+        if self.epoch_means:  # written mid-epoch (Ctrl-C): what the epoch's logs have summed so far
+            reduce = self._sum_over_processes if self.train_config.train_log_sync_dist else None
+            checkpoint["epoch_means"] = self.epoch_means.state_dict(reduce)
+            if self.train_metrics is not None:
+                checkpoint["train_metrics"] = self.train_metrics.state_dict()
+        if self.interrupt.stopped_at is not None:
+            checkpoint["interrupted_at"] = self.interrupt.stopped_at
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if "rng_states" in checkpoint:
             restore_rng_states(checkpoint["rng_states"])
+        main = self._trainer is None or self.trainer.is_global_zero  # the sums were of every process
+        if "epoch_means" in checkpoint and main:
+            self.epoch_means.load_state_dict(checkpoint["epoch_means"])
+        if "train_metrics" in checkpoint and main and self.train_metrics is not None:
+            self.train_metrics.load_state_dict(checkpoint["train_metrics"])
 
     def configure_optimizers(self) -> dict[str, Any]:
         """The configured optimizer over detrkit's parameter groups, and its schedule (spec 12.2-12.3)."""

@@ -35,8 +35,9 @@ class ResumePoint:
 
     @property
     def epoch(self) -> int:
-        """The last epoch (0-based) the checkpoint finished."""
-        return int(self.raw.get("epoch", -1))
+        """The last epoch (0-based) the checkpoint finished (one before its own when it was
+        written inside an epoch, on Ctrl-C)."""
+        return int(self.raw.get("epoch", -1)) - ("interrupted_at" in self.raw)
 
     @property
     def ckpt_path(self) -> str | None:

@@ -8,6 +8,7 @@ processes, nor whether the run was resumed in between.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterator
 
@@ -36,6 +37,17 @@ class EpochSampler(Sampler[SampleKey]):
         self.size, self.seed, self.window = size, seed, window
         self.rank, self.world_size, self.min_samples = rank, world_size, min_samples
         self.epoch = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, keys of this process to skip), for one pass
+
+    def resume_at(self, epoch: int, skip: int) -> None:
+        """The next pass, if it is of `epoch`, starts after this process's first `skip` keys
+        (a run resumed from a mid-epoch checkpoint); a pass of another epoch drops the request."""
+        self._resume = (epoch, skip)
+
+    @property
+    def skipped(self) -> int:
+        """How many keys the next pass skips, were it to start now."""
+        return self._resume[1] if self._resume is not None and self._resume[0] == self.epoch else 0
 
     def set_epoch(self, epoch: int) -> None:
         """Called by Lightning before each training epoch."""
@@ -54,8 +66,9 @@ class EpochSampler(Sampler[SampleKey]):
     def __iter__(self) -> Iterator[SampleKey]:
         keys = self.global_keys()
         share = self.window // self.world_size
-        for start in range(self.rank * share, len(keys), self.window):
-            yield from keys[start:start + share]
+        skip, self._resume = self.skipped, None
+        mine = (key for start in range(self.rank * share, len(keys), self.window) for key in keys[start:start + share])
+        yield from itertools.islice(mine, skip, None)
 
     def __len__(self) -> int:
         length = max(self.size, self.min_samples)
@@ -104,6 +117,17 @@ class EpochTagged(Sampler[tuple[int, int, int]]):
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def resume_at(self, epoch: int, skip: int) -> None:
+        self.sampler.resume_at(epoch, skip)
+
+    @property
+    def skipped(self) -> int:
+        return self.sampler.skipped
 
     def __iter__(self) -> Iterator[tuple[int, int, int]]:
         epoch = self.sampler.epoch

@@ -44,3 +44,14 @@ class TrainingSetMetrics:
         evaluator, self.evaluator = self.evaluator, DetectionEvaluator(self.max_dets, self.backend)
         evaluator.gather()
         return evaluator
+
+    def state_dict(self) -> dict[str, list[dict[str, torch.Tensor]]]:
+        """The epoch's images so far, of every process (each must call this), for a checkpoint
+        written mid-epoch; the main process takes them back on resume."""
+        snapshot = DetectionEvaluator(self.max_dets, self.backend)
+        snapshot.add(self.evaluator.detections, self.evaluator.truth)
+        snapshot.gather()
+        return {"detections": snapshot.detections, "truth": snapshot.truth}
+
+    def load_state_dict(self, state: dict[str, list[dict[str, torch.Tensor]]]) -> None:
+        self.evaluator.add(state["detections"], state["truth"])

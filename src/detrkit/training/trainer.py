@@ -29,7 +29,6 @@ from detrkit.training.accel.precision import (
 )
 from detrkit.training.callbacks.early_stopping import MetricEarlyStopping
 from detrkit.training.callbacks.heap import RetainHeap
-from detrkit.training.callbacks.interrupt import GracefulInterrupt
 from detrkit.training.callbacks.progress import EpochRichProgressBar, EpochTQDMProgressBar, RunClock
 from detrkit.training.callbacks.schedule import ValidateLastEpoch
 from detrkit.training.callbacks.start_report import StartReport
@@ -117,7 +116,7 @@ def run_callbacks(train_config: TrainConfig) -> list[pl.Callback]:
     warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
     # validation metrics are computed once from all processes' images and broadcast: already in sync
     warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed setting")
-    callbacks: list[pl.Callback] = [TrainingConfigRecord(), GracefulInterrupt(output)]
+    callbacks: list[pl.Callback] = [TrainingConfigRecord()]  # Ctrl-C: the module's GracefulInterrupt
     if train_config.use_ema:
         callbacks.append(EMACallback(train_config.ema_decay, train_config.ema_tau, train_config.ema_update_interval))
     # mask and keypoint models train with their own configs, and are ranked by their task's metric
