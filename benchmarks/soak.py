@@ -1,7 +1,11 @@
-"""Soak: short tiny trainings killed (SIGKILL) at random moments and resumed; each must end with
-the weights of an uninterrupted run, bit for bit.
+"""Soak: short tiny trainings killed (SIGKILL) or interrupted (SIGINT, Ctrl-C) at random moments
+and resumed; each must end with the weights of an uninterrupted run, bit for bit.
 
-    python benchmarks/soak.py --runs 20 --kills 2 --epochs 4 --seed 0 [--out benchmarks/results/soak_cpu.json]
+    python benchmarks/soak.py --runs 20 --kills 2 --epochs 4 --seed 0 [--signal kill|int|mixed]
+        [--out benchmarks/results/soak_cpu.json]
+
+A SIGKILL leaves last.ckpt at the last completed epoch; a SIGINT lets the step finish and writes
+last.ckpt there (`interrupted_at` in it), so its resume goes on in the middle of the epoch.
 
 An uninterrupted run is timed first (after a warm-up run): its child reports when training
 starts and ends, so the time of one step (with its share of validation and checkpoint writes) is
@@ -22,6 +26,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -85,10 +90,11 @@ def timed_run(data: Path, output: Path, epochs: int, resume: bool) -> dict:
     return {"wall_s": time.time() - started, "window_s": window}
 
 
-def kill_at(data: Path, output: Path, epochs: int, resume: bool, step: int, delay: float) -> dict:
-    """Start a run and SIGKILL it `delay` seconds after it began training step `step` (its child
-    reports each step it begins; a resumed run past `step` is killed `delay` after its first
-    step); what it left behind."""
+def kill_at(data: Path, output: Path, epochs: int, resume: bool, step: int, delay: float,
+            how: str = "kill") -> dict:
+    """Start a run and SIGKILL it (`how="kill"`) or send it SIGINT (`"int"`, then wait for it to
+    stop) `delay` seconds after it began training step `step` (its child reports each step it
+    begins; a resumed run past `step` is stopped `delay` after its first step); what it left."""
     timing = output.parent / f"{output.name}.timing.json"
     beat = Path(f"{timing}.step")
     timing.unlink(missing_ok=True)
@@ -101,19 +107,29 @@ def kill_at(data: Path, output: Path, epochs: int, resume: bool, step: int, dela
         process.wait(timeout=delay)
         finished = True  # it ended before the kill (a resume with nothing left to train)
     except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+        kill_time = time.time()
+        if how == "int":
+            process.send_signal(signal.SIGINT)
+            process.wait(timeout=600)
+        else:
+            process.kill()
+            process.wait()
         finished = False
     last = output / "last.ckpt"
-    return {"step": step, "delay_s": round(delay, 4), "kill_at_s": round(time.time() - started, 3),
-            "finished_before_kill": finished, "last_ckpt_epoch": _epoch(last) if last.is_file() else None,
+    held = _held(last) if last.is_file() else {}
+    return {"signal": how, "step": step, "delay_s": round(delay, 4),
+            "kill_at_s": round((kill_time if not finished else time.time()) - started, 3),
+            "finished_before_kill": finished, "last_ckpt_epoch": held.get("epoch"),
+            "last_ckpt_interrupted_at": held.get("interrupted_at"),
             "partial_files": sorted(p.name for p in output.glob(".*.tmp"))}
 
 
-def _epoch(path: Path) -> int:
+def _held(path: Path) -> dict:
+    """The epoch a last.ckpt holds, and where a Ctrl-C wrote it (None for an epoch's end)."""
     import torch
 
-    return int(torch.load(path, map_location="cpu", weights_only=True)["epoch"])
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    return {"epoch": int(checkpoint["epoch"]), "interrupted_at": checkpoint.get("interrupted_at")}
 
 
 def same_state(a: Path, b: Path) -> dict:
@@ -137,6 +153,8 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=1, help="kills per run, each followed by a resume")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--signal", choices=["kill", "int", "mixed"], default="kill",
+                        help="SIGKILL, SIGINT (Ctrl-C) or a random one of the two for each stop")
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting runs after this many seconds")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -167,7 +185,8 @@ def main() -> None:
                 # a random step, then a random moment of the time one step (with its share of the
                 # epoch's validation and checkpoint writes) takes
                 step = rng.randrange(steps)
-                kills.append(kill_at(data, output, args.epochs, resume, step, rng.uniform(0, per_step)))
+                how = rng.choice(["kill", "int"]) if args.signal == "mixed" else args.signal
+                kills.append(kill_at(data, output, args.epochs, resume, step, rng.uniform(0, per_step), how))
                 resume = (output / "last.ckpt").is_file()
             resumed = timed_run(data, output, args.epochs, resume=resume)
             comparison = same_state(reference / "last.ckpt", output / "last.ckpt")
@@ -179,11 +198,14 @@ def main() -> None:
             shutil.rmtree(output)
         result = {
             "benchmark": "soak", "device": "cpu", "epochs": args.epochs, "kills_per_run": args.kills,
+            "signal": args.signal,
             "seed": args.seed, "uninterrupted_wall_s": round(timing["wall_s"], 2),
             "training_window_s": [round(t, 2) for t in window], "step_time_s": round(per_step, 4),
             "runs_done": len(runs),
             "runs_identical": sum(r["identical"] for r in runs),
             "killed_mid_training": sum(not k["finished_before_kill"] for r in runs for k in r["kills"]),
+            "sigint_mid_epoch_checkpoints": sum(bool(k.get("last_ckpt_interrupted_at")) for r in runs
+                                                for k in r["kills"]),
             "partial_files_seen": sum(bool(k["partial_files"]) for r in runs for k in r["kills"]),
             "total_wall_s": round(time.time() - began, 1), "runs": runs,
         }

@@ -9,6 +9,11 @@ Mode `nonfinite` trains with the EMA and a NaN pixel in the batches that `--pois
 name (a batch of one process only); each process writes into `rank<r>.json` the NonFiniteLossError
 it raised (or null) and the image ids of its poisoned batches, and at the end of each epoch
 `final<r>.pt`: its live and EMA weights, its AdamW step counts and its step.
+
+Mode `interrupt` trains with the EMA and train/* logs reduced over processes; `--ctrl-c
+RANK,EPOCH,BATCH` sends SIGINT to that process as that batch starts, and each process writes the
+TrainingInterrupted message it raised (or null) into `rank<r>.json`; `--resume` continues from
+last.ckpt.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -30,6 +36,7 @@ from tiny_config import TINY  # noqa: E402
 import detrkit.training.checkpoints as checkpoints  # noqa: E402
 import detrkit.training.run_record as run_record  # noqa: E402
 from detrkit import RFDETRNano  # noqa: E402
+from detrkit.training.callbacks.interrupt import TrainingInterrupted  # noqa: E402
 from detrkit.training.callbacks.nonfinite import NonFiniteLossError  # noqa: E402
 
 
@@ -84,9 +91,30 @@ def train_nonfinite(model: RFDETRNano, args: argparse.Namespace, settings: dict)
     return {"error": error, "poisoned": poison.image_ids}
 
 
+class CtrlC(pl.Callback):
+    """SIGINT to this process as the (rank, epoch, batch index) batch starts."""
+
+    def __init__(self, at: tuple[int, int, int] | None) -> None:
+        self.at = at
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if (trainer.global_rank, trainer.current_epoch, batch_idx) == self.at:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def train_interrupted(model: RFDETRNano, args: argparse.Namespace, settings: dict) -> dict:
+    at = tuple(int(v) for v in args.ctrl_c.split(",")) if args.ctrl_c else None
+    try:
+        model.train(epochs=args.epochs, use_ema=True, checkpoint_interval=1, train_log_sync_dist=True,
+                    callbacks=[CtrlC(at)], resume="last" if args.resume else None, **settings)
+    except TrainingInterrupted as raised:
+        return {"error": str(raised)}
+    return {"error": None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["train", "validate", "nonfinite"])
+    parser.add_argument("mode", choices=["train", "validate", "nonfinite", "interrupt"])
     parser.add_argument("data")
     parser.add_argument("output", type=Path)
     parser.add_argument("--devices", type=lambda v: v if v == "auto" else int(v), default=1)
@@ -95,6 +123,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--poison", action="append", default=[])
     parser.add_argument("--skip-nonfinite", type=int, default=0)
+    parser.add_argument("--ctrl-c")
+    parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     args.output.mkdir(parents=True, exist_ok=True)
@@ -110,6 +140,8 @@ def main() -> None:
                     **distributed)
     elif args.mode == "nonfinite":
         report = train_nonfinite(model, args, {**settings, **distributed})
+    elif args.mode == "interrupt":
+        report = train_interrupted(model, args, {**settings, **distributed})
     else:
         from detrkit.training import RFDETRDataModule, RFDETRModelModule, build_trainer
         from detrkit.training.trainer import split_train_kwargs

@@ -31,6 +31,4 @@ def test_state_round_trip_continues_the_sums():
 def test_reduce_sums_sums_and_counts_over_processes():
     means = EpochMeans()
     means.add({"loss": torch.tensor(2.0)}, 3)
-    twice = lambda value: value * 2  # two processes that saw the same
-    assert means.state_dict(twice) == {"sums": {"loss": torch.tensor(12.0)}, "counts": {"loss": 6}}
-    assert means.take(twice)["loss"].item() == 2.0
+    assert means.take(lambda value: value * 2)["loss"].item() == 2.0  # two processes that saw the same

@@ -2,7 +2,8 @@
 processes (reference #1085) must neither deadlock nor change the metrics, and run_test=True at the
 end of such a fit must not hang (reference #1505). A NaN loss on one process stops every process
 with the same message naming that process's batch; with skip_nonfinite_steps all of them skip it
-and end with the same weights.
+and end with the same weights. Ctrl-C on one process stops both at the same step with last.ckpt
+written there, and the resumed run ends as an uninterrupted one.
 
 Every launch has a timeout: a hang is a failure.
 """
@@ -100,3 +101,29 @@ def test_skip_nonfinite_steps_skips_together_and_ranks_end_identical(data, tmp_p
             assert torch.isfinite(value.float()).all(), (track, key)
     last = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)
     assert last["callbacks"]["NonFiniteLossGuard"] == {"skipped": 2}
+
+
+def metrics_rows(output: Path) -> list[dict[str, str]]:
+    with open(output / "metrics.csv", newline="") as stream:
+        return list(csv.DictReader(stream))
+
+
+def test_ctrl_c_on_one_process_stops_both_at_one_step_and_resumes_exactly(data, tmp_path):
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    launch("interrupt", str(data), str(whole), "--devices", "2")
+    launch("interrupt", str(data), str(cut), "--devices", "2", "--ctrl-c", "1,1,2")  # process 1 only
+    expected = (f"training interrupted (Ctrl-C) after step {STEPS_PER_EPOCH + 3} (epoch 2/2, batch 3/"
+                f"{STEPS_PER_EPOCH}). {cut}/last.ckpt holds this point")
+    for rank in (0, 1):  # both stopped after the same step (neither hung in a collective)
+        assert expected in read_rank(cut, rank)["error"]
+    launch("interrupt", str(data), str(cut), "--devices", "2", "--resume")
+    for rank in (0, 1):
+        assert read_rank(cut, rank)["error"] is None
+    uninterrupted, resumed = (torch.load(d / "last.ckpt", map_location="cpu", weights_only=True) for d in (whole, cut))
+    assert resumed["global_step"] == uninterrupted["global_step"] == 2 * STEPS_PER_EPOCH
+    for key, value in uninterrupted["state_dict"].items():
+        assert torch.equal(value, resumed["state_dict"][key]), key
+    for key, value in uninterrupted["callbacks"]["EMA"]["weights"].items():
+        assert torch.equal(value, resumed["callbacks"]["EMA"]["weights"][key]), key
+    # train/* means reduced over both processes: the cut epoch's include the part before the cut
+    assert metrics_rows(cut) == metrics_rows(whole)

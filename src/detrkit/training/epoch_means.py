@@ -39,12 +39,8 @@ class EpochMeans:
         self.sums, self.counts = {}, {}
         return means
 
-    def state_dict(self, reduce=None) -> dict[str, Any]:
-        """The sums so far; with `reduce` (see take()) those of every process."""
-        reduce = reduce or (lambda value: value)
-        return {"sums": {name: reduce(value).cpu() for name, value in self.sums.items()},
-                "counts": {name: int(reduce(self.sums[name].new_tensor(float(count))))
-                           for name, count in self.counts.items()}}
+    def state_dict(self) -> dict[str, Any]:
+        return {"sums": {name: value.cpu() for name, value in self.sums.items()}, "counts": dict(self.counts)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sums = dict(state["sums"])  # moved to the values' device by the next add()

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+import torch.distributed as dist
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
 from detrkit.config import ModelConfig, TrainConfig
@@ -46,7 +47,8 @@ from detrkit.training.train_metrics import TrainingSetMetrics
 class RFDETRModelModule(pl.LightningModule):
     """Trains `detector` (built from `model_config` when not given) as `train_config` says.
 
-    Logs `train/*` losses after each step and `val/*` / `test/*` COCO metrics once per epoch.
+    Logs the epoch means of the `train/*` losses (summed here, so that a mid-epoch checkpoint keeps
+    them; per step too with train_log_on_step) and `val/*` / `test/*` COCO metrics once per epoch.
     """
 
     def __init__(self, model_config: ModelConfig, train_config: TrainConfig, detector: Detector | None = None,
@@ -318,21 +320,29 @@ class RFDETRModelModule(pl.LightningModule):
         checkpoint.update(run_metadata(self))
         checkpoint["rng_states"] = rng_states()
         if self.epoch_means:  # written mid-epoch (Ctrl-C): what the epoch's logs have summed so far
-            reduce = self._sum_over_processes if self.train_config.train_log_sync_dist else None
-            checkpoint["epoch_means"] = self.epoch_means.state_dict(reduce)
+            # every process's own sums (and training-set detections), each restored to its process
+            checkpoint["epoch_means"] = self._per_process(self.epoch_means.state_dict())
             if self.train_metrics is not None:
-                checkpoint["train_metrics"] = self.train_metrics.state_dict()
+                checkpoint["train_metrics"] = self._per_process(self.train_metrics.state_dict())
         if self.interrupt.stopped_at is not None:
             checkpoint["interrupted_at"] = self.interrupt.stopped_at
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if "rng_states" in checkpoint:
             restore_rng_states(checkpoint["rng_states"])
-        main = self._trainer is None or self.trainer.is_global_zero  # the sums were of every process
-        if "epoch_means" in checkpoint and main:
-            self.epoch_means.load_state_dict(checkpoint["epoch_means"])
-        if "train_metrics" in checkpoint and main and self.train_metrics is not None:
-            self.train_metrics.load_state_dict(checkpoint["train_metrics"])
+        rank = self.trainer.global_rank if self._trainer is not None else 0
+        if len(checkpoint.get("epoch_means", ())) > rank:
+            self.epoch_means.load_state_dict(checkpoint["epoch_means"][rank])
+        if len(checkpoint.get("train_metrics", ())) > rank and self.train_metrics is not None:
+            self.train_metrics.load_state_dict(checkpoint["train_metrics"][rank])
+
+    def _per_process(self, state: dict[str, Any]) -> list[dict[str, Any]]:
+        """`state` of every process, in process order (each process must call this)."""
+        if self.trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+            return [state]
+        states: list[Any] = [None] * self.trainer.world_size
+        dist.all_gather_object(states, state)
+        return states
 
     def configure_optimizers(self) -> dict[str, Any]:
         """The configured optimizer over detrkit's parameter groups, and its schedule (spec 12.2-12.3)."""

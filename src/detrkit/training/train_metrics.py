@@ -46,12 +46,8 @@ class TrainingSetMetrics:
         return evaluator
 
     def state_dict(self) -> dict[str, list[dict[str, torch.Tensor]]]:
-        """The epoch's images so far, of every process (each must call this), for a checkpoint
-        written mid-epoch; the main process takes them back on resume."""
-        snapshot = DetectionEvaluator(self.max_dets, self.backend)
-        snapshot.add(self.evaluator.detections, self.evaluator.truth)
-        snapshot.gather()
-        return {"detections": snapshot.detections, "truth": snapshot.truth}
+        """This process's images of the epoch so far, for a checkpoint written mid-epoch."""
+        return {"detections": self.evaluator.detections, "truth": self.evaluator.truth}
 
     def load_state_dict(self, state: dict[str, list[dict[str, torch.Tensor]]]) -> None:
         self.evaluator.add(state["detections"], state["truth"])
