@@ -67,7 +67,6 @@ class RFDETRModelModule(pl.LightningModule):
         self.nonfinite = NonFiniteLossGuard(train_config.skip_nonfinite_steps)  # a callback (configure_callbacks)
         self.interrupt = GracefulInterrupt(train_config, self.nonfinite)  # likewise
         self.epoch_means = EpochMeans()  # train/* sums of the running epoch
-        self._step_logged: set[str] = set()  # train/* names also logged per step
         self.class_names = class_names
         # the RFDETR class checkpoints name, so that from_checkpoint() rebuilds the same preset
         self.model_name = model_name or type(model_config).__name__.removesuffix("Config")
@@ -150,9 +149,8 @@ class RFDETRModelModule(pl.LightningModule):
                  **{name: getattr(losses, name) for name in ("class_error", "cardinality_error")}}
         values = {"train/loss": losses.total, **{f"train/{name}": value for name, value in terms.items()}}
         self.epoch_means.add(values, size)  # logged as means at the epoch's last batch
-        if config.train_log_on_step:
-            for name in ("train/loss",) if config.compact_train_metrics else values:
-                self._step_logged.add(name)
+        for name in values:
+            if self._logged_per_step(name):
                 self.log(f"{name}_step", values[name], on_step=True, on_epoch=False,
                          sync_dist=config.train_log_sync_dist, batch_size=size)
         # a CPU tensor: Lightning would copy a Python float to the device, a blocking copy each step
@@ -166,11 +164,16 @@ class RFDETRModelModule(pl.LightningModule):
         if self.trainer.is_last_batch and self.epoch_means:
             reduce = self._sum_over_processes if self.train_config.train_log_sync_dist else None
             for name, mean in self.epoch_means.take(reduce).items():
-                forked = name in self._step_logged  # named as Lightning names a value logged per step and epoch
+                forked = self._logged_per_step(name)  # named as Lightning names a value logged per step and epoch
                 self.log(f"{name}_epoch" if forked else name, mean, on_step=False, on_epoch=True, batch_size=1)
                 if forked:
                     self.log(name, mean, on_step=False, on_epoch=True, logger=False, batch_size=1)
         self.interrupt.after_step(self.trainer, batch_idx)
+
+    def _logged_per_step(self, name: str) -> bool:
+        """train_log_on_step logs the total loss, and each term when terms are not compacted."""
+        config = self.train_config
+        return config.train_log_on_step and (name == "train/loss" or not config.compact_train_metrics)
 
     def _sum_over_processes(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.trainer.strategy.reduce(tensor, reduce_op="sum")

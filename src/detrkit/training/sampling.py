@@ -67,7 +67,8 @@ class EpochSampler(Sampler[SampleKey]):
         keys = self.global_keys()
         share = self.window // self.world_size
         skip, self._resume = self.skipped, None
-        mine = (key for start in range(self.rank * share, len(keys), self.window) for key in keys[start:start + share])
+        mine = (key for start in range(self.rank * share, len(keys), self.window)
+                for key in keys[start:start + share])
         yield from itertools.islice(mine, skip, None)
 
     def __len__(self) -> int:
