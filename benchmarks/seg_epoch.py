@@ -68,9 +68,10 @@ MIN_AREA = 40  # pixels: a coin covered down to less than this is dropped
 
 # ---- data ------------------------------------------------------------------------------------
 
-def compose(pictures, cutouts, rng: np.random.Generator) -> tuple[Image.Image, list[np.ndarray]]:
-    """One image and the visible mask (H, W) bool of each coin on it."""
-    width = int(rng.integers(320, 481))
+def compose(pictures, cutouts, rng: np.random.Generator,
+            widths: tuple[int, int] = (320, 480)) -> tuple[Image.Image, list[np.ndarray]]:
+    """One image, `widths[0]` to `widths[1]` pixels wide, and the visible mask (H, W) bool of each coin on it."""
+    width = int(rng.integers(widths[0], widths[1] + 1))
     size = (width, round(width * rng.uniform(0.62, 1.0)))
     image = background(pictures, size, rng)
     masks: list[np.ndarray] = []
@@ -106,13 +107,15 @@ def polygons(mask: np.ndarray) -> list[list[float]]:
     return [[round(float(v), 1) for v in c.reshape(-1)] for c in contours if len(c) >= 3]
 
 
-def make_dataset(root: Path, num_train: int, num_valid: int, seed: int, wheels: Path) -> Path:
+def make_dataset(root: Path, num_train: int, num_valid: int, seed: int, wheels: Path,
+                 widths: tuple[int, int] = (320, 480)) -> Path:
     """Write root/{train,valid} as Roboflow-COCO with polygon masks (a parent category 0, class 1 `coin`)."""
     pictures = load_pictures(wheels)
     cutouts = coin_cutouts(pictures["coins"])
     categories = [{"id": 0, "name": "coins", "supercategory": "none"},
                   {"id": 1, "name": "coin", "supercategory": "coins"}]
-    info = {"description": f"seg_epoch.py make-data --images {num_train} --valid-images {num_valid} --seed {seed}",
+    info = {"description": f"seg_epoch.py make-data --images {num_train} --valid-images {num_valid} --seed {seed} "
+                           f"--image-width {widths[0]} {widths[1]}",
             "sources": {name: f"{package} {WHEELS[package]} {member}: {licence}"
                         for name, (package, member, licence) in PICTURES.items()}}
     for offset, (split, count) in enumerate((("train", num_train), ("valid", num_valid))):
@@ -121,7 +124,7 @@ def make_dataset(root: Path, num_train: int, num_valid: int, seed: int, wheels: 
         folder.mkdir(parents=True, exist_ok=True)
         images, annotations = [], []
         for index in range(count):
-            image, masks = compose(pictures, cutouts, rng)
+            image, masks = compose(pictures, cutouts, rng, widths)
             name = f"{split}_{index:04d}.jpg"
             image.save(folder / name, quality=90)
             images.append({"id": index, "file_name": name, "width": image.width, "height": image.height})
@@ -240,6 +243,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0, help="model seed of the first repeat (then seed+1, ...)")
     parser.add_argument("--data-seed", type=int, default=0)
+    parser.add_argument("--image-width", type=int, nargs=2, default=[320, 480], metavar=("MIN", "MAX"),
+                        help="generated images are MIN to MAX pixels wide (height 0.62-1.0 of the width)")
     parser.add_argument("--reference-python", type=Path, default=DEFAULT_REFERENCE)
     parser.add_argument("--detrkit-python", type=Path, default=Path(sys.executable))
     parser.add_argument("--dataset", type=Path, help="use this Roboflow-COCO folder instead of generating one")
@@ -253,7 +258,8 @@ def main() -> int:
     if args.command == "make-data":
         if args.root is None:
             raise SystemExit("make-data needs the folder to write")
-        print(make_dataset(args.root, args.images, args.valid_images, args.data_seed, args.wheels))
+        print(make_dataset(args.root, args.images, args.valid_images, args.data_seed, args.wheels,
+                           tuple(args.image_width)))
         return 0
     runs: dict[str, list[dict]] = {"detrkit": [], "rfdetr": []}
     started = time.time()
@@ -274,7 +280,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="seg-epoch-data-") as scratch:
         dataset = args.dataset or make_dataset(Path(scratch), args.images, args.valid_images, args.data_seed,
-                                               args.wheels)
+                                               args.wheels, tuple(args.image_width))
         for repeat in range(args.repeats):
             seed = args.seed + repeat
             order = ("detrkit", "rfdetr") if repeat % 2 == 0 else ("rfdetr", "detrkit")

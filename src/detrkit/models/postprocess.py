@@ -69,13 +69,45 @@ def masks_at_size(logits: torch.Tensor, valid: tuple[int, int], size: tuple[int,
                   chunk: int = 32) -> torch.Tensor:
     """(K, H, W) bool masks from (K, h, w) logits over a padded input: the top-left `valid` (rows,
     columns) cover the image; they are upsampled bilinearly (align_corners=False) to `size` and
-    thresholded at 0. `chunk` masks at a time bound the float upsampling memory."""
+    thresholded at 0. `chunk` masks at a time bound the float upsampling memory. A mask without a
+    positive logit is left all False without upsampling: each output is a convex combination of
+    logits, so it cannot be positive either."""
     cropped = logits[:, :valid[0], :valid[1]].float()
-    out = torch.empty((len(logits), *size), dtype=torch.bool, device=logits.device)
-    for start in range(0, len(logits), chunk):
-        part = cropped[start:start + chunk, None]  # (k, 1, hv, wv)
-        out[start:start + chunk] = F.interpolate(part, size=size, mode="bilinear", align_corners=False)[:, 0] > 0
+    out = torch.zeros((len(logits), *size), dtype=torch.bool, device=logits.device)
+    some = (cropped > 0).flatten(1).any(1).nonzero().flatten()  # one transfer, not one per mask
+    for start in range(0, len(some), chunk):
+        rows = some[start:start + chunk]
+        part = cropped[rows, None]  # (k, 1, hv, wv)
+        out[rows] = F.interpolate(part, size=size, mode="bilinear", align_corners=False)[:, 0] > 0
     return out
+
+
+def positive_windows(logits: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """(K, 4) int64 [y0, y1, x0, x1): for (K, h, w) logits upsampled as masks_at_size does to
+    `size`, output rows and columns outside which no pixel can be positive (empty where a mask has
+    no positive logit). Bilinear output (align_corners=False) at row Y blends source rows
+    floor(s) and floor(s) + 1, s = (Y + 0.5) h / H - 0.5, so it can exceed 0 only when
+    a - 1 <= s < b + 1 for the first and last rows a, b holding a positive logit; the same for
+    columns. The bounds are widened by one pixel against rounding."""
+    positive = logits > 0
+    rows, columns = positive.any(2), positive.any(1)  # (K, h), (K, w)
+    spans = [_positive_span(rows, size[0]), _positive_span(columns, size[1])]
+    windows = torch.cat(spans, dim=1)
+    empty = ~rows.any(1)
+    windows[empty] = 0
+    return windows
+
+
+def _positive_span(hits: torch.Tensor, out_size: int) -> torch.Tensor:
+    """(K, 2) [first, end) output indices along one axis for (K, n) "has a positive logit" flags."""
+    n = hits.shape[1]
+    index = torch.arange(n, device=hits.device)
+    first = torch.where(hits, index, n).amin(1).double()
+    last = torch.where(hits, index, -1).amax(1).double()
+    scale = n / out_size
+    begin = torch.floor((first - 0.5) / scale - 0.5) - 1
+    end = torch.ceil((last + 1.5) / scale - 0.5) + 1
+    return torch.stack([begin.clamp(0, out_size), end.clamp(0, out_size)], dim=1).long()
 
 
 def valid_mask_region(mask_size: tuple[int, int], padded_size: tuple[int, int],

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from detrkit.datasets.transforms import resize_masks
-from detrkit.models.postprocess import masks_at_size, valid_mask_region
+from detrkit.models.postprocess import masks_at_size, positive_windows, valid_mask_region
 from detrkit.structures import Target
 from detrkit.training.coco_backends.rle import EncodedMasks
 from detrkit.training.coco_map import OnePassCocoMeanAveragePrecision
@@ -134,7 +134,9 @@ def with_masks(detections: list[dict[str, torch.Tensor]], truth: list[dict[str, 
         logits = detection["masks"]
         valid = valid_mask_region(tuple(logits.shape[-2:]), padded_size, target.size)
         size = valid if head_resolution else target.orig_size
-        detection["masks"] = EncodedMasks.encode(masks_at_size(logits, valid, size))
+        # on the CPU, encoding reads only where a mask can be set (per-mask work a GPU need not do)
+        windows = positive_windows(logits[:, :valid[0], :valid[1]], size) if logits.device.type == "cpu" else None
+        detection["masks"] = EncodedMasks.encode(masks_at_size(logits, valid, size), windows)
         objects = resize_masks(target.masks, size)  # (N, H, W)
         crowds = _filled_boxes(image_truth["boxes"][len(objects):], target.orig_size, size)
         image_truth["masks"] = EncodedMasks.encode(torch.cat([objects, crowds]))

@@ -22,9 +22,11 @@ class EncodedMasks:
     size: tuple[int, int]  # (H, W)
 
     @classmethod
-    def encode(cls, masks: torch.Tensor) -> EncodedMasks:
-        """From (N, H, W) bool masks."""
-        return cls(*encode_masks(masks), tuple(masks.shape[-2:]))
+    def encode(cls, masks: torch.Tensor, windows: torch.Tensor | None = None) -> EncodedMasks:
+        """From (N, H, W) bool masks; with (N, 4) `windows` (see encode_masks_in_windows), reading
+        only those."""
+        runs = encode_masks(masks) if windows is None else encode_masks_in_windows(masks, windows)
+        return cls(*runs, tuple(masks.shape[-2:]))
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -62,6 +64,39 @@ def encode_masks(masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     previous = torch.roll(position, 1)
     runs = position - torch.where(first, torch.zeros_like(previous), previous)
     return runs, torch.bincount(mask_index, minlength=num)
+
+
+def encode_masks_in_windows(masks: torch.Tensor, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """encode_masks for (N, H, W) masks that are False outside their (N, 4) [y0, y1, x0, x1)
+    windows: only the windows are read, so the cost follows their area, not the image's.
+
+    Each window is read column by column between rows of zeros, so every run of ones starts and
+    ends inside it; an end and a start at the same pixel (a run that wraps from one column into
+    the next of a full-height window) cancel.
+    """
+    num, height, width = masks.shape
+    pixels = height * width
+    runs, lengths = [], []
+    for mask, (y0, y1, x0, x1) in zip(masks, windows.tolist()):
+        edges = masks.new_zeros(0, dtype=torch.long)
+        if y1 > y0 and x1 > x0:
+            columns = torch.zeros((x1 - x0, y1 - y0 + 2), dtype=torch.bool, device=masks.device)
+            columns[:, 1:-1] = mask[y0:y1, x0:x1].t()
+            column, row = (columns[:, 1:] != columns[:, :-1]).nonzero().unbind(1)
+            edges = (x0 + column) * height + y0 + row  # starts and ends of the runs of ones, in order
+            kept = torch.ones_like(edges, dtype=torch.bool)
+            touching = (edges[1:] == edges[:-1]).nonzero().flatten()
+            kept[touching], kept[touching + 1] = False, False
+            edges = edges[kept]
+        bounds = [edges.new_zeros(1), edges]
+        if not len(edges) or int(edges[-1]) != pixels:  # a last run of zeros, unless the mask ends set
+            bounds.append(edges.new_full((1,), pixels))
+        counts = torch.diff(torch.cat(bounds))
+        runs.append(counts)
+        lengths.append(len(counts))
+    if not runs:
+        return masks.new_zeros(0, dtype=torch.long), masks.new_zeros(0, dtype=torch.long)
+    return torch.cat(runs), torch.tensor(lengths, dtype=torch.long, device=masks.device)
 
 
 def split_runs(runs: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
