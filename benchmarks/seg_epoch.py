@@ -63,6 +63,7 @@ from learning_matrix import (
 )
 
 DEFAULT_REFERENCE = Path.home() / ".cache" / "rfdetr-reference" / "bin" / "python"
+WHEELS_DIR = Path(tempfile.gettempdir()) / "detrkit-learning-wheels"  # where the picture wheels are fetched
 MIN_AREA = 40  # pixels: a coin covered down to less than this is dropped
 
 
@@ -248,7 +249,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--reference-python", type=Path, default=DEFAULT_REFERENCE)
     parser.add_argument("--detrkit-python", type=Path, default=Path(sys.executable))
     parser.add_argument("--dataset", type=Path, help="use this Roboflow-COCO folder instead of generating one")
-    parser.add_argument("--wheels", type=Path, default=Path(tempfile.gettempdir()) / "detrkit-learning-wheels")
+    parser.add_argument("--wheels", type=Path, default=WHEELS_DIR)
     parser.add_argument("--out", type=Path)
     return parser.parse_args()
 

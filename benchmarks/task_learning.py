@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""Keypoint learning side by side (issue 21): RFDETRKeypointPreview from scratch with detrkit and with
-the reference, the same small model, data, epochs and seeds; keypoint AP (OKS) by epoch, paired.
+"""Keypoint or mask learning side by side (issues 21 and 20): a small RFDETRKeypointPreview or
+RFDETRSegNano from scratch with detrkit and with the reference, the same model, data, epochs and
+seeds; keypoint AP (OKS) or mask AP by epoch, paired.
 
-    python benchmarks/pose_learning.py --reference-python REF/bin/python [--seeds 0 1 2] [--epochs 10] \
-        [--train 64] [--valid 16] [--threads 2] [--out result.json]
+    python benchmarks/task_learning.py --reference-python REF/bin/python [--task pose|segment] \
+        [--seeds 0 1 2] [--epochs 10] [--train 64] [--valid 16] [--threads 2] [--out result.json]
 
-Data: detrkit's synthetic shapes with the four corners of each shape's box as visible COCO keypoints
-(`make_synthetic_dataset(keypoints=True)`, 3 classes x 4 keypoints), the demo's set. Model: the
-demo's small keypoint model (192 px, 2 decoder layers, 30 queries, 4 groups). Each package trains
+Data. pose: detrkit's synthetic shapes with the four corners of each shape's box as visible COCO
+keypoints (`make_synthetic_dataset(keypoints=True)`, 3 classes x 4 keypoints), the demo's set.
+segment: real photographs with polygon masks, the coins scenes of benchmarks/seg_epoch.py (3-12 coins
+cut from scikit-image's photograph on real backgrounds, 320-480 px wide; the wheels it reads are
+fetched with pip once). Model: the demo's small sizes (192 px, 2 decoder layers, 30 queries, 4
+groups) on the task's published layout (keypoint preview: patch 16, 2 windows; SegNano: patch 12,
+1 window, its mask head). Each package trains
 in its own process (`--side`, under its own interpreter; detrkit's from this checkout's src/), after
 seeding torch's global RNG with the seed, with the same train() keywords; the curves are read from
 each run's metrics.csv (validation of the EMA weights where the package logs both). The JSON holds
@@ -28,11 +33,17 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MODEL = dict(pretrain_weights=None, resolution=192, positional_encoding_size=12, patch_size=16, num_windows=2,
-             dec_layers=2, num_queries=30, num_select=30, group_detr=4, num_keypoints_per_class=[4, 4, 4])
+SMALL = dict(pretrain_weights=None, resolution=192, dec_layers=2, num_queries=30, num_select=30, group_detr=4)
+TASKS = {
+    "pose": {"model": "RFDETRKeypointPreview",
+             "kwargs": dict(SMALL, positional_encoding_size=12, patch_size=16, num_windows=2,
+                            num_keypoints_per_class=[4, 4, 4]),
+             "metrics": ("keypoint_map_50", "keypoint_map_50_95", "mAP_50")},
+    "segment": {"model": "RFDETRSegNano", "kwargs": dict(SMALL, positional_encoding_size=16),
+                "metrics": ("segm_mAP_50", "segm_mAP_50_95", "mAP_50")},
+}
 TRAINING = dict(batch_size=4, lr=4e-4, lr_encoder=4e-4, multi_scale=False, num_workers=0, tensorboard=False,
                 warmup_epochs=0.0)
-METRICS = ("keypoint_map_50", "keypoint_map_50_95", "mAP_50")
 
 
 def parse_args() -> argparse.Namespace:
@@ -41,6 +52,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dataset", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--reference-python")
+    parser.add_argument("--task", choices=sorted(TASKS), default="pose")
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--train", type=int, default=64)
@@ -62,12 +74,13 @@ def train_side(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     package = importlib.import_module(args.side)
     torch.manual_seed(args.seed)  # both packages initialise the weights at construction
-    model = package.RFDETRKeypointPreview(**MODEL, device="cpu")
+    task = TASKS[args.task]
+    model = getattr(package, task["model"])(**task["kwargs"], device="cpu")
     model.train(dataset_dir=str(args.dataset), output_dir=str(args.output), epochs=args.epochs, seed=args.seed,
                 **TRAINING)
 
 
-def curves(metrics_csv: Path) -> dict[str, list[float]]:
+def curves(metrics_csv: Path, metrics: tuple[str, ...]) -> dict[str, list[float]]:
     """Per epoch, the last non-empty value of each validation metric (EMA's where logged), for
     CSV files with one row per epoch or several rows per epoch."""
     by_epoch: dict[int, dict[str, float]] = {}
@@ -78,7 +91,7 @@ def curves(metrics_csv: Path) -> dict[str, list[float]]:
             values = by_epoch.setdefault(int(float(row["epoch"])), {})
             values.update({key: float(value) for key, value in row.items() if key.startswith("val/") and value})
     result: dict[str, list[float]] = {}
-    for name in METRICS:
+    for name in metrics:
         for key in (f"val/ema_{name}", f"val/{name}"):
             if all(key in values for values in by_epoch.values()):
                 result[name] = [by_epoch[epoch][key] for epoch in sorted(by_epoch)]
@@ -91,10 +104,11 @@ def run_side(python: str, side: str, dataset: Path, output: Path, args: argparse
     if side == "detrkit":
         env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
     command = [python, str(Path(__file__).resolve()), "--side", side, "--dataset", str(dataset), "--output",
-               str(output), "--epochs", str(args.epochs), "--threads", str(args.threads), "--seed", str(seed)]
+               str(output), "--epochs", str(args.epochs), "--threads", str(args.threads), "--seed", str(seed),
+               "--task", args.task]
     start = time.perf_counter()
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return {"seconds": time.perf_counter() - start, **curves(output / "metrics.csv")}
+    return {"seconds": time.perf_counter() - start, **curves(output / "metrics.csv", TASKS[args.task]["metrics"])}
 
 
 def paired(runs: list[dict], name: str) -> list[dict]:
@@ -114,12 +128,18 @@ def main() -> int:
     if args.side:
         train_side(args)
         return 0
-    sys.path.insert(0, str(HERE.parent / "src"))
-    from detrkit.datasets.synthetic import make_synthetic_dataset
+    scratch = Path(tempfile.mkdtemp(prefix=f"{args.task}-learning-"))
+    if args.task == "segment":
+        sys.path.insert(0, str(HERE))
+        from seg_epoch import WHEELS_DIR, make_dataset
 
-    scratch = Path(tempfile.mkdtemp(prefix="pose-learning-"))
-    dataset = make_synthetic_dataset(scratch / "data", num_train=args.train, num_valid=args.valid, seed=0,
-                                     keypoints=True)
+        dataset = make_dataset(scratch / "data", args.train, args.valid, 0, WHEELS_DIR)
+    else:
+        sys.path.insert(0, str(HERE.parent / "src"))
+        from detrkit.datasets.synthetic import make_synthetic_dataset
+
+        dataset = make_synthetic_dataset(scratch / "data", num_train=args.train, num_valid=args.valid, seed=0,
+                                         keypoints=True)
     runs = []
     for seed in args.seeds:
         run = {"seed": seed}
@@ -127,8 +147,10 @@ def main() -> int:
             run[side] = run_side(python, side, dataset, scratch / f"{side}-{seed}", args, seed)
         runs.append(run)
         print(json.dumps(run), flush=True)
-    result = {"epochs": args.epochs, "train_images": args.train, "valid_images": args.valid, "model": MODEL,
-              "training": TRAINING, "runs": runs, "paired": {name: paired(runs, name) for name in METRICS
+    task = TASKS[args.task]
+    result = {"task": args.task, "epochs": args.epochs, "train_images": args.train, "valid_images": args.valid,
+              "model": {"class": task["model"], **task["kwargs"]}, "training": TRAINING, "runs": runs,
+              "paired": {name: paired(runs, name) for name in task["metrics"]
                                                               if all(name in r["detrkit"] and name in r["rfdetr"]
                                                                      for r in runs)}}
     text = json.dumps(result, indent=2)
