@@ -74,7 +74,7 @@ def encode_masks_in_windows(masks: torch.Tensor, windows: torch.Tensor) -> tuple
     ends inside it; an end and a start at the same pixel (a run that wraps from one column into
     the next of a full-height window) cancel.
     """
-    num, height, width = masks.shape
+    height, width = masks.shape[-2:]
     pixels = height * width
     runs, lengths = [], []
     for mask, (y0, y1, x0, x1) in zip(masks, windows.tolist()):
