@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""Keypoint or mask learning side by side (issues 21 and 20): a small RFDETRKeypointPreview or
-RFDETRSegNano from scratch with detrkit and with the reference, the same model, data, epochs and
+"""Keypoint, mask or box learning side by side (issues 21, 20 and 26): a small RFDETRKeypointPreview,
+RFDETRSegNano or RFDETRNano from scratch with detrkit and with the reference, the same model, data, epochs and
 seeds; keypoint AP (OKS) or mask AP by epoch, paired.
 
-    python benchmarks/task_learning.py --reference-python REF/bin/python [--task pose|segment] \
+    python benchmarks/task_learning.py --reference-python REF/bin/python [--task pose|segment|detect] \
         [--seeds 0 1 2] [--epochs 10] [--train 64] [--valid 16] [--threads 2] [--out result.json]
 
 Data. pose: detrkit's synthetic shapes with the four corners of each shape's box as visible COCO
-keypoints (`make_synthetic_dataset(keypoints=True)`, 3 classes x 4 keypoints), the demo's set.
+keypoints (`make_synthetic_dataset(keypoints=True)`, 3 classes x 4 keypoints), the demo's set;
+detect: the same shapes without keypoints, so that a gap seen with keypoints can be told apart from
+one of the detector's training alone.
 segment: real photographs with polygon masks, the coins scenes of benchmarks/seg_epoch.py (3-12 coins
 cut from scikit-image's photograph on real backgrounds, 320-480 px wide; the wheels it reads are
 fetched with pip once). Model: the demo's small sizes (192 px, 2 decoder layers, 30 queries, 4
-groups) on the task's published layout (keypoint preview: patch 16, 2 windows; SegNano: patch 12,
-1 window, its mask head). Each package trains
+groups) on the task's published layout (keypoint preview and Nano: patch 16, 2 windows; SegNano:
+patch 12, 1 window, its mask head). Each package trains
 in its own process (`--side`, under its own interpreter; detrkit's from this checkout's src/), after
 seeding torch's global RNG with the seed, with the same train() keywords; the curves are read from
 each run's metrics.csv (validation of the EMA weights where the package logs both). The JSON holds
@@ -39,6 +41,9 @@ TASKS = {
              "kwargs": dict(SMALL, positional_encoding_size=12, patch_size=16, num_windows=2,
                             num_keypoints_per_class=[4, 4, 4]),
              "metrics": ("keypoint_map_50", "keypoint_map_50_95", "mAP_50")},
+    "detect": {"model": "RFDETRNano",
+               "kwargs": dict(SMALL, positional_encoding_size=12, patch_size=16, num_windows=2),
+               "metrics": ("mAP_50", "mAP_50_95", "mAP_75")},
     "segment": {"model": "RFDETRSegNano", "kwargs": dict(SMALL, positional_encoding_size=16),
                 "metrics": ("segm_mAP_50", "segm_mAP_50_95", "mAP_50")},
 }
@@ -57,7 +62,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--train", type=int, default=64)
     parser.add_argument("--valid", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of each run")
+    parser.add_argument("--detrkit-kwargs", type=json.loads, default={},
+                        help="JSON train() keywords added on detrkit's side only (an arm of an ablation)")
+    parser.add_argument("--reference-kwargs", type=json.loads, default={},
+                        help="JSON train() keywords added on the reference's side only")
+    parser.add_argument("--parallel", action="store_true", help="train both sides of a seed at the same time")
+    parser.add_argument("--kwargs", type=json.loads, default={}, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
     return parser.parse_args()
@@ -77,7 +88,7 @@ def train_side(args: argparse.Namespace) -> None:
     task = TASKS[args.task]
     model = getattr(package, task["model"])(**task["kwargs"], device="cpu")
     model.train(dataset_dir=str(args.dataset), output_dir=str(args.output), epochs=args.epochs, seed=args.seed,
-                **TRAINING)
+                **{**TRAINING, **args.kwargs})
 
 
 def curves(metrics_csv: Path, metrics: tuple[str, ...]) -> dict[str, list[float]]:
@@ -99,16 +110,36 @@ def curves(metrics_csv: Path, metrics: tuple[str, ...]) -> dict[str, list[float]
     return result
 
 
-def run_side(python: str, side: str, dataset: Path, output: Path, args: argparse.Namespace, seed: int) -> dict:
+def start_side(python: str, side: str, dataset: Path, output: Path, args: argparse.Namespace, seed: int):
     env = dict(os.environ)
     if side == "detrkit":
         env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
+    extra = args.detrkit_kwargs if side == "detrkit" else args.reference_kwargs
     command = [python, str(Path(__file__).resolve()), "--side", side, "--dataset", str(dataset), "--output",
                str(output), "--epochs", str(args.epochs), "--threads", str(args.threads), "--seed", str(seed),
-               "--task", args.task]
-    start = time.perf_counter()
-    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return {"seconds": time.perf_counter() - start, **curves(output / "metrics.csv", TASKS[args.task]["metrics"])}
+               "--task", args.task, "--kwargs", json.dumps(extra)]
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def run_seed(args: argparse.Namespace, dataset: Path, scratch: Path, seed: int) -> dict:
+    """Both sides of one seed, one after the other or (--parallel) at once."""
+    sides = (("detrkit", sys.executable), ("rfdetr", args.reference_python))
+    run: dict = {"seed": seed}
+    started: dict = {}
+    for side, python in sides:
+        started[side] = (time.perf_counter(), start_side(python, side, dataset, scratch / f"{side}-{seed}", args, seed))
+        if not args.parallel:
+            finish_side(run, side, *started[side], scratch / f"{side}-{seed}", args)
+    if args.parallel:
+        for side, _ in sides:
+            finish_side(run, side, *started[side], scratch / f"{side}-{seed}", args)
+    return run
+
+
+def finish_side(run: dict, side: str, start: float, process, output: Path, args: argparse.Namespace) -> None:
+    if process.wait():
+        raise RuntimeError(f"{side} exited with status {process.returncode} ({output})")
+    run[side] = {"seconds": time.perf_counter() - start, **curves(output / "metrics.csv", TASKS[args.task]["metrics"])}
 
 
 def paired(runs: list[dict], name: str) -> list[dict]:
@@ -139,17 +170,16 @@ def main() -> int:
         from detrkit.datasets.synthetic import make_synthetic_dataset
 
         dataset = make_synthetic_dataset(scratch / "data", num_train=args.train, num_valid=args.valid, seed=0,
-                                         keypoints=True)
+                                         keypoints=args.task == "pose")
     runs = []
     for seed in args.seeds:
-        run = {"seed": seed}
-        for side, python in (("detrkit", sys.executable), ("rfdetr", args.reference_python)):
-            run[side] = run_side(python, side, dataset, scratch / f"{side}-{seed}", args, seed)
+        run = run_seed(args, dataset, scratch, seed)
         runs.append(run)
         print(json.dumps(run), flush=True)
     task = TASKS[args.task]
     result = {"task": args.task, "epochs": args.epochs, "train_images": args.train, "valid_images": args.valid,
-              "model": {"class": task["model"], **task["kwargs"]}, "training": TRAINING, "runs": runs,
+              "model": {"class": task["model"], **task["kwargs"]}, "training": TRAINING,
+              "detrkit_kwargs": args.detrkit_kwargs, "reference_kwargs": args.reference_kwargs, "runs": runs,
               "paired": {name: paired(runs, name) for name in task["metrics"]
                                                               if all(name in r["detrkit"] and name in r["rfdetr"]
                                                                      for r in runs)}}
