@@ -68,6 +68,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--reference-kwargs", type=json.loads, default={},
                         help="JSON train() keywords added on the reference's side only")
     parser.add_argument("--parallel", action="store_true", help="train both sides of a seed at the same time")
+    parser.add_argument("--detrkit-antialias", choices=["on", "train-off", "off"], default="on",
+                        help="arm: detrkit's resizes without antialiasing in training (train-off, as the "
+                             "reference's Albumentations default trains) or everywhere (off)")
     parser.add_argument("--kwargs", type=json.loads, default={}, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
@@ -83,12 +86,44 @@ def train_side(args: argparse.Namespace) -> None:
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
+    if args.side == "detrkit" and args.detrkit_antialias != "on":
+        without_antialiasing(everywhere=args.detrkit_antialias == "off")
     package = importlib.import_module(args.side)
     torch.manual_seed(args.seed)  # both packages initialise the weights at construction
     task = TASKS[args.task]
     model = getattr(package, task["model"])(**task["kwargs"], device="cpu")
     model.train(dataset_dir=str(args.dataset), output_dir=str(args.output), epochs=args.epochs, seed=args.seed,
                 **{**TRAINING, **args.kwargs})
+
+
+def without_antialiasing(everywhere: bool) -> None:
+    """Make detrkit's training resizes (and with `everywhere` also the evaluation resize) skip
+    antialiasing, as cv2's INTER_LINEAR in Albumentations does: an ablation arm, not an option."""
+    from torchvision.transforms import v2
+
+    import detrkit.datasets.transforms as transforms
+
+    if everywhere:
+        for cls in (v2.Resize, v2.RandomShortestSize):
+            def init(self, *args, _original=cls.__init__, **kwargs):
+                _original(self, *args, **kwargs)
+                self.antialias = False
+            cls.__init__ = init
+        return
+
+    def plain(transform) -> None:
+        if isinstance(transform, (v2.Resize, v2.RandomShortestSize)):
+            transform.antialias = False
+        for child in getattr(transform, "transforms", []):
+            plain(child)
+
+    original = transforms.build_train_resize
+
+    def build_train_resize(*args, **kwargs):
+        resize = original(*args, **kwargs)
+        plain(resize)
+        return resize
+    transforms.build_train_resize = build_train_resize
 
 
 def curves(metrics_csv: Path, metrics: tuple[str, ...]) -> dict[str, list[float]]:
@@ -117,7 +152,7 @@ def start_side(python: str, side: str, dataset: Path, output: Path, args: argpar
     extra = args.detrkit_kwargs if side == "detrkit" else args.reference_kwargs
     command = [python, str(Path(__file__).resolve()), "--side", side, "--dataset", str(dataset), "--output",
                str(output), "--epochs", str(args.epochs), "--threads", str(args.threads), "--seed", str(seed),
-               "--task", args.task, "--kwargs", json.dumps(extra)]
+               "--task", args.task, "--kwargs", json.dumps(extra), "--detrkit-antialias", args.detrkit_antialias]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -179,7 +214,8 @@ def main() -> int:
     task = TASKS[args.task]
     result = {"task": args.task, "epochs": args.epochs, "train_images": args.train, "valid_images": args.valid,
               "model": {"class": task["model"], **task["kwargs"]}, "training": TRAINING,
-              "detrkit_kwargs": args.detrkit_kwargs, "reference_kwargs": args.reference_kwargs, "runs": runs,
+              "detrkit_kwargs": args.detrkit_kwargs, "reference_kwargs": args.reference_kwargs,
+              "detrkit_antialias": args.detrkit_antialias, "runs": runs,
               "paired": {name: paired(runs, name) for name in task["metrics"]
                                                               if all(name in r["detrkit"] and name in r["rfdetr"]
                                                                      for r in runs)}}
