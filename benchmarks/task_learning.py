@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Keypoint, mask or box learning side by side (issues 21, 20 and 26): a small RFDETRKeypointPreview,
 RFDETRSegNano or RFDETRNano from scratch with detrkit and with the reference, the same model, data, epochs and
-seeds; keypoint AP (OKS) or mask AP by epoch, paired.
+seeds; keypoint AP (OKS), mask AP or box AP by epoch, paired. The JSON is rewritten after every seed.
 
     python benchmarks/task_learning.py --reference-python REF/bin/python [--task pose|segment|detect] \
         [--seeds 0 1 2] [--epochs 10] [--train 64] [--valid 16] [--threads 2] [--out result.json]
@@ -189,6 +189,16 @@ def paired(runs: list[dict], name: str) -> list[dict]:
     return rows
 
 
+def summary(args: argparse.Namespace, runs: list[dict]) -> dict:
+    task = TASKS[args.task]
+    return {"task": args.task, "epochs": args.epochs, "train_images": args.train, "valid_images": args.valid,
+            "model": {"class": task["model"], **task["kwargs"]}, "training": TRAINING,
+            "detrkit_kwargs": args.detrkit_kwargs, "reference_kwargs": args.reference_kwargs,
+            "detrkit_antialias": args.detrkit_antialias, "runs": runs,
+            "paired": {name: paired(runs, name) for name in task["metrics"]
+                       if all(name in run["detrkit"] and name in run["rfdetr"] for run in runs)}}
+
+
 def main() -> int:
     args = parse_args()
     if args.side:
@@ -208,21 +218,12 @@ def main() -> int:
                                          keypoints=args.task == "pose")
     runs = []
     for seed in args.seeds:
-        run = run_seed(args, dataset, scratch, seed)
-        runs.append(run)
-        print(json.dumps(run), flush=True)
-    task = TASKS[args.task]
-    result = {"task": args.task, "epochs": args.epochs, "train_images": args.train, "valid_images": args.valid,
-              "model": {"class": task["model"], **task["kwargs"]}, "training": TRAINING,
-              "detrkit_kwargs": args.detrkit_kwargs, "reference_kwargs": args.reference_kwargs,
-              "detrkit_antialias": args.detrkit_antialias, "runs": runs,
-              "paired": {name: paired(runs, name) for name in task["metrics"]
-                                                              if all(name in r["detrkit"] and name in r["rfdetr"]
-                                                                     for r in runs)}}
-    text = json.dumps(result, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+        runs.append(run_seed(args, dataset, scratch, seed))
+        print(json.dumps(runs[-1]), flush=True)
+        text = json.dumps(summary(args, runs), indent=2)
+        if args.out:
+            args.out.write_text(text + "\n")
+    print(json.dumps(summary(args, runs), indent=2))
     return 0
 
 
