@@ -57,6 +57,7 @@ from PIL import Image, ImageDraw, ImageEnhance, ImageFilter
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 WHEELS = {"scikit-image": "0.26.0", "scikit-learn": "1.9.1"}
+WHEELS_DIR = Path(tempfile.gettempdir()) / "detrkit-learning-wheels"  # where those wheels are fetched to
 # picture -> (package, member of its wheel, licence)
 PICTURES = {
     "chelsea": ("scikit-image", "skimage/data/chelsea.png", "CC0 (Stefan van der Walt)"),
@@ -450,7 +451,7 @@ def parse_args() -> argparse.Namespace:
     run.add_argument("--jobs", type=int, default=1, help="runs at once (1 on a small CPU; several on a GPU)")
     run.add_argument("--timeout", type=float, help="seconds one run may take")
     for command in (make, run):
-        command.add_argument("--wheels", type=Path, default=Path(tempfile.gettempdir()) / "detrkit-learning-wheels",
+        command.add_argument("--wheels", type=Path, default=WHEELS_DIR,
                              help="where the scikit-image and scikit-learn wheels are (downloaded when missing)")
     return parser.parse_args()
 

@@ -55,6 +55,7 @@ sys.path.insert(0, str(HERE))
 from learning_matrix import (
     PICTURES,
     WHEELS,
+    WHEELS_DIR,
     _iou,
     background,
     coin_cutouts,
@@ -63,7 +64,6 @@ from learning_matrix import (
 )
 
 DEFAULT_REFERENCE = Path.home() / ".cache" / "rfdetr-reference" / "bin" / "python"
-WHEELS_DIR = Path(tempfile.gettempdir()) / "detrkit-learning-wheels"  # where the picture wheels are fetched
 MIN_AREA = 40  # pixels: a coin covered down to less than this is dropped
 
 

@@ -158,16 +158,15 @@ def start_side(python: str, side: str, dataset: Path, output: Path, args: argpar
 
 def run_seed(args: argparse.Namespace, dataset: Path, scratch: Path, seed: int) -> dict:
     """Both sides of one seed, one after the other or (--parallel) at once."""
-    sides = (("detrkit", sys.executable), ("rfdetr", args.reference_python))
+    sides = {"detrkit": sys.executable, "rfdetr": args.reference_python}
     run: dict = {"seed": seed}
-    started: dict = {}
-    for side, python in sides:
-        started[side] = (time.perf_counter(), start_side(python, side, dataset, scratch / f"{side}-{seed}", args, seed))
-        if not args.parallel:
-            finish_side(run, side, *started[side], scratch / f"{side}-{seed}", args)
-    if args.parallel:
-        for side, _ in sides:
-            finish_side(run, side, *started[side], scratch / f"{side}-{seed}", args)
+
+    def start(side: str):
+        return time.perf_counter(), start_side(sides[side], side, dataset, scratch / f"{side}-{seed}", args, seed)
+
+    started = {side: start(side) for side in sides} if args.parallel else {}
+    for side in sides:
+        finish_side(run, side, *(started.get(side) or start(side)), scratch / f"{side}-{seed}", args)
     return run
 
 
@@ -207,7 +206,8 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix=f"{args.task}-learning-"))
     if args.task == "segment":
         sys.path.insert(0, str(HERE))
-        from seg_epoch import WHEELS_DIR, make_dataset
+        from learning_matrix import WHEELS_DIR
+        from seg_epoch import make_dataset
 
         dataset = make_dataset(scratch / "data", args.train, args.valid, 0, WHEELS_DIR)
     else:
