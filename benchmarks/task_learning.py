@@ -71,6 +71,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--detrkit-antialias", choices=["on", "train-off", "off"], default="on",
                         help="arm: detrkit's resizes without antialiasing in training (train-off, as the "
                              "reference's Albumentations default trains) or everywhere (off)")
+    parser.add_argument("--detrkit-crop", choices=["square", "albumentations"], default="square",
+                        help="arm: detrkit's crop branch samples as Albumentations' RandomSizedCrop does in "
+                             "the reference's default (height in [384, 600], width = height, each clipped "
+                             "to the image: often the whole short side and not square)")
+    parser.add_argument("--sides", nargs="+", choices=["detrkit", "rfdetr"], default=["detrkit", "rfdetr"],
+                        help="train only these sides (the paired summary needs both)")
     parser.add_argument("--kwargs", type=json.loads, default={}, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
@@ -88,6 +94,8 @@ def train_side(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     if args.side == "detrkit" and args.detrkit_antialias != "on":
         without_antialiasing(everywhere=args.detrkit_antialias == "off")
+    if args.side == "detrkit" and args.detrkit_crop == "albumentations":
+        crop_as_albumentations()
     package = importlib.import_module(args.side)
     torch.manual_seed(args.seed)  # both packages initialise the weights at construction
     task = TASKS[args.task]
@@ -126,6 +134,27 @@ def without_antialiasing(everywhere: bool) -> None:
     transforms.build_train_resize = build_train_resize
 
 
+def crop_as_albumentations() -> None:
+    """Make detrkit's crop branch sample its window as Albumentations' RandomSizedCrop (the reference's
+    default recipe): a height uniform in [low, high], the width equal to it, each then clipped to the
+    image, at a uniform position. An ablation arm, not an option."""
+    import torch
+
+    from detrkit.datasets.transforms import RandomSquareCrop
+
+    def make_params(self, flat_inputs):
+        from torchvision import tv_tensors
+        from torchvision.transforms.v2 import functional as TF
+
+        height, width = next(TF.get_size(x) for x in flat_inputs if isinstance(x, tv_tensors.Image))
+        side = int(torch.randint(self.low, self.high + 1, ()))
+        crop_h, crop_w = min(side, height), min(side, width)
+        top = int(torch.randint(0, height - crop_h + 1, ()))
+        left = int(torch.randint(0, width - crop_w + 1, ()))
+        return {"top": top, "left": left, "height": crop_h, "width": crop_w}
+    RandomSquareCrop.make_params = make_params
+
+
 def curves(metrics_csv: Path, metrics: tuple[str, ...]) -> dict[str, list[float]]:
     """Per epoch, the last non-empty value of each validation metric (EMA's where logged), for
     CSV files with one row per epoch or several rows per epoch."""
@@ -152,13 +181,15 @@ def start_side(python: str, side: str, dataset: Path, output: Path, args: argpar
     extra = args.detrkit_kwargs if side == "detrkit" else args.reference_kwargs
     command = [python, str(Path(__file__).resolve()), "--side", side, "--dataset", str(dataset), "--output",
                str(output), "--epochs", str(args.epochs), "--threads", str(args.threads), "--seed", str(seed),
-               "--task", args.task, "--kwargs", json.dumps(extra), "--detrkit-antialias", args.detrkit_antialias]
+               "--task", args.task, "--kwargs", json.dumps(extra), "--detrkit-antialias", args.detrkit_antialias,
+               "--detrkit-crop", args.detrkit_crop]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def run_seed(args: argparse.Namespace, dataset: Path, scratch: Path, seed: int) -> dict:
     """Both sides of one seed, one after the other or (--parallel) at once."""
-    sides = {"detrkit": sys.executable, "rfdetr": args.reference_python}
+    sides = {side: python for side, python in (("detrkit", sys.executable), ("rfdetr", args.reference_python))
+             if side in args.sides}
     run: dict = {"seed": seed}
 
     def start(side: str):
@@ -193,9 +224,9 @@ def summary(args: argparse.Namespace, runs: list[dict]) -> dict:
     return {"task": args.task, "epochs": args.epochs, "train_images": args.train, "valid_images": args.valid,
             "model": {"class": task["model"], **task["kwargs"]}, "training": TRAINING,
             "detrkit_kwargs": args.detrkit_kwargs, "reference_kwargs": args.reference_kwargs,
-            "detrkit_antialias": args.detrkit_antialias, "runs": runs,
+            "detrkit_antialias": args.detrkit_antialias, "detrkit_crop": args.detrkit_crop, "runs": runs,
             "paired": {name: paired(runs, name) for name in task["metrics"]
-                       if all(name in run["detrkit"] and name in run["rfdetr"] for run in runs)}}
+                       if all(name in run.get("detrkit", {}) and name in run.get("rfdetr", {}) for run in runs)}}
 
 
 def main() -> int:
