@@ -9,7 +9,7 @@ seeds; keypoint AP (OKS), mask AP or box AP by epoch, paired. The JSON is rewrit
 Data. pose: detrkit's synthetic shapes with the four corners of each shape's box as visible COCO
 keypoints (`make_synthetic_dataset(keypoints=True)`, 3 classes x 4 keypoints), the demo's set;
 detect: the same shapes without keypoints, so that a gap seen with keypoints can be told apart from
-one of the detector's training alone.
+one of the detector's training alone; or with `--data coins` the boxes of the coins photographs.
 segment: real photographs with polygon masks, the coins scenes of benchmarks/seg_epoch.py (3-12 coins
 cut from scikit-image's photograph on real backgrounds, 320-480 px wide; the wheels it reads are
 fetched with pip once). Model: the demo's small sizes (192 px, 2 decoder layers, 30 queries, 4
@@ -58,6 +58,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--reference-python")
     parser.add_argument("--task", choices=sorted(TASKS), default="pose")
+    parser.add_argument("--data", choices=["shapes", "coins"],
+                        help="training images: detrkit's synthetic shapes (default for pose and detect) or "
+                             "the coins photographs (default for segment; detect trains on their boxes)")
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--train", type=int, default=64)
@@ -68,13 +71,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--reference-kwargs", type=json.loads, default={},
                         help="JSON train() keywords added on the reference's side only")
     parser.add_argument("--parallel", action="store_true", help="train both sides of a seed at the same time")
-    parser.add_argument("--detrkit-antialias", choices=["on", "train-off", "off"], default="on",
-                        help="arm: detrkit's resizes without antialiasing in training (train-off, as the "
-                             "reference's Albumentations default trains) or everywhere (off)")
-    parser.add_argument("--detrkit-crop", choices=["square", "albumentations"], default="square",
-                        help="arm: detrkit's crop branch samples as Albumentations' RandomSizedCrop does in "
-                             "the reference's default (height in [384, 600], width = height, each clipped "
-                             "to the image: often the whole short side and not square)")
     parser.add_argument("--sides", nargs="+", choices=["detrkit", "rfdetr"], default=["detrkit", "rfdetr"],
                         help="train only these sides (the paired summary needs both)")
     parser.add_argument("--kwargs", type=json.loads, default={}, help=argparse.SUPPRESS)
@@ -92,67 +88,12 @@ def train_side(args: argparse.Namespace) -> None:
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
-    if args.side == "detrkit" and args.detrkit_antialias != "on":
-        without_antialiasing(everywhere=args.detrkit_antialias == "off")
-    if args.side == "detrkit" and args.detrkit_crop == "albumentations":
-        crop_as_albumentations()
     package = importlib.import_module(args.side)
     torch.manual_seed(args.seed)  # both packages initialise the weights at construction
     task = TASKS[args.task]
     model = getattr(package, task["model"])(**task["kwargs"], device="cpu")
     model.train(dataset_dir=str(args.dataset), output_dir=str(args.output), epochs=args.epochs, seed=args.seed,
                 **{**TRAINING, **args.kwargs})
-
-
-def without_antialiasing(everywhere: bool) -> None:
-    """Make detrkit's training resizes (and with `everywhere` also the evaluation resize) skip
-    antialiasing, as cv2's INTER_LINEAR in Albumentations does: an ablation arm, not an option."""
-    from torchvision.transforms import v2
-
-    import detrkit.datasets.transforms as transforms
-
-    if everywhere:
-        for cls in (v2.Resize, v2.RandomShortestSize):
-            def init(self, *args, _original=cls.__init__, **kwargs):
-                _original(self, *args, **kwargs)
-                self.antialias = False
-            cls.__init__ = init
-        return
-
-    def plain(transform) -> None:
-        if isinstance(transform, (v2.Resize, v2.RandomShortestSize)):
-            transform.antialias = False
-        for child in getattr(transform, "transforms", []):
-            plain(child)
-
-    original = transforms.build_train_resize
-
-    def build_train_resize(*args, **kwargs):
-        resize = original(*args, **kwargs)
-        plain(resize)
-        return resize
-    transforms.build_train_resize = build_train_resize
-
-
-def crop_as_albumentations() -> None:
-    """Make detrkit's crop branch sample its window as Albumentations' RandomSizedCrop (the reference's
-    default recipe): a height uniform in [low, high], the width equal to it, each then clipped to the
-    image, at a uniform position. An ablation arm, not an option."""
-    import torch
-
-    from detrkit.datasets.transforms import RandomSquareCrop
-
-    def make_params(self, flat_inputs):
-        from torchvision import tv_tensors
-        from torchvision.transforms.v2 import functional as TF
-
-        height, width = next(TF.get_size(x) for x in flat_inputs if isinstance(x, tv_tensors.Image))
-        side = int(torch.randint(self.low, self.high + 1, ()))
-        crop_h, crop_w = min(side, height), min(side, width)
-        top = int(torch.randint(0, height - crop_h + 1, ()))
-        left = int(torch.randint(0, width - crop_w + 1, ()))
-        return {"top": top, "left": left, "height": crop_h, "width": crop_w}
-    RandomSquareCrop.make_params = make_params
 
 
 def curves(metrics_csv: Path, metrics: tuple[str, ...]) -> dict[str, list[float]]:
@@ -181,8 +122,7 @@ def start_side(python: str, side: str, dataset: Path, output: Path, args: argpar
     extra = args.detrkit_kwargs if side == "detrkit" else args.reference_kwargs
     command = [python, str(Path(__file__).resolve()), "--side", side, "--dataset", str(dataset), "--output",
                str(output), "--epochs", str(args.epochs), "--threads", str(args.threads), "--seed", str(seed),
-               "--task", args.task, "--kwargs", json.dumps(extra), "--detrkit-antialias", args.detrkit_antialias,
-               "--detrkit-crop", args.detrkit_crop]
+               "--task", args.task, "--kwargs", json.dumps(extra)]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -221,12 +161,21 @@ def paired(runs: list[dict], name: str) -> list[dict]:
 
 def summary(args: argparse.Namespace, runs: list[dict]) -> dict:
     task = TASKS[args.task]
-    return {"task": args.task, "epochs": args.epochs, "train_images": args.train, "valid_images": args.valid,
+    return {"task": args.task, "data": data_of(args),
+            "epochs": args.epochs, "train_images": args.train, "valid_images": args.valid,
             "model": {"class": task["model"], **task["kwargs"]}, "training": TRAINING,
             "detrkit_kwargs": args.detrkit_kwargs, "reference_kwargs": args.reference_kwargs,
-            "detrkit_antialias": args.detrkit_antialias, "detrkit_crop": args.detrkit_crop, "runs": runs,
+            "runs": runs,
             "paired": {name: paired(runs, name) for name in task["metrics"]
                        if all(name in run.get("detrkit", {}) and name in run.get("rfdetr", {}) for run in runs)}}
+
+
+def data_of(args: argparse.Namespace) -> str:
+    """The data set a run trains on: the task's default, or --data where the task can use it."""
+    data = args.data or ("coins" if args.task == "segment" else "shapes")
+    if (args.task, data) in (("segment", "shapes"), ("pose", "coins")):
+        raise SystemExit(f"--task {args.task} cannot train on --data {data} (it lacks the task's labels)")
+    return data
 
 
 def main() -> int:
@@ -235,7 +184,7 @@ def main() -> int:
         train_side(args)
         return 0
     scratch = Path(tempfile.mkdtemp(prefix=f"{args.task}-learning-"))
-    if args.task == "segment":
+    if data_of(args) == "coins":
         sys.path.insert(0, str(HERE))
         from learning_matrix import WHEELS_DIR
         from seg_epoch import make_dataset

@@ -13,6 +13,7 @@ from detrkit.config import AugmentationBackend, TrainConfig
 from detrkit.datasets import aug_configs
 from detrkit.datasets.augmentation import (BACKENDS, AlbumentationsAugmentation, KorniaAugmentation,
                                            TorchvisionAugmentation, build_augmentation, resolve_backend)
+from detrkit.datasets.transforms import RandomClippedCrop, RandomSquareCrop
 from detrkit.structures import Batch, Target
 
 
@@ -74,6 +75,28 @@ def test_default_and_empty_configs_use_torchvision():
     assert build_augmentation(config(aug_config={})).flip_p == 0.0
     with pytest.warns(UserWarning, match="ignored"):
         build_augmentation(config(aug_config={"VerticalFlip": {}}, augmentation_backend="torchvision"))
+
+
+@pytest.mark.parametrize("backend, aug_config, recipe", [
+    ("cpu", None, "default"), ("auto", None, "default"), ("albumentations", None, "default"),
+    ("torchvision", None, "torchvision"), ("torchvision", {}, "torchvision"),
+])
+def test_the_built_in_recipe_follows_the_named_backend_not_the_installed_packages(monkeypatch, backend, aug_config,
+                                                                                  recipe):
+    for package in ("albumentations", "kornia"):
+        monkeypatch.setitem(sys.modules, package, None)  # as if not installed: import fails
+    built = build_augmentation(config(aug_config=aug_config, augmentation_backend=backend, accelerator="cpu"))
+    assert isinstance(built, TorchvisionAugmentation) and built.recipe == recipe
+    windows = [type(t) for t in built.train_transform([32], True, True).transforms[0].transforms[1].transforms]
+    assert (RandomClippedCrop if recipe == "default" else RandomSquareCrop) in windows
+
+
+def test_augmentation_backends_resize_by_the_default_recipe():
+    pytest.importorskip("albumentations")
+    built = build_augmentation(config(aug_config={"HorizontalFlip": {"p": 0.5}}, augmentation_backend="albumentations"))
+    assert built.recipe == "default"
+    windows = [type(t) for t in built.train_transform([32], True, True).resize.transforms[1].transforms]
+    assert RandomClippedCrop in windows
 
 
 def test_empty_aug_config_only_resizes_and_normalises():

@@ -9,9 +9,11 @@ import torch
 from torchvision import tv_tensors
 
 from detrkit.datasets.images import IMAGENET_MEAN, IMAGENET_STD
-from detrkit.datasets.transforms import (RandomSquareCrop, batch_scale, build_eval_transform,
-                                         build_train_transform, multi_scale_sizes, resize_batch,
-                                         sample_scales)
+from torchvision.transforms import v2
+
+from detrkit.datasets.transforms import (RandomClippedCrop, RandomSquareCrop, batch_scale, build_eval_transform,
+                                         build_train_resize, build_train_transform, multi_scale_sizes,
+                                         resize_batch, sample_scales)
 from detrkit.structures import Batch, Target
 
 
@@ -59,6 +61,48 @@ def test_square_crop_side_is_bounded_by_the_image_and_boxes_are_clamped():
     assert out["boxes"].tolist() == [[0.0, 0.0, 300.0, 300.0]]
     sides = {RandomSquareCrop()(*sample(700, 800, [[0.0, 0.0, 1.0, 1.0]]))[0].shape[-1] for _ in range(30)}
     assert min(sides) >= 384 and max(sides) <= 600 and len(sides) > 10
+
+
+def test_clipped_crop_clips_the_side_to_each_dimension_as_randomsizedcrop_does():
+    torch.manual_seed(0)
+    windows = [RandomClippedCrop()(*sample(400, 533, [[0.0, 0.0, 533.0, 400.0]])) for _ in range(200)]
+    shapes = [tuple(image.shape[-2:]) for image, _ in windows]
+    # side uniform in [384, 600]: height min(side, 400), width min(side, 533)
+    assert all((384 <= h < 400 and w == h) or (h == 400 and 400 <= w <= 533) for h, w in shapes)
+    whole_height = sum(h == 400 for h, _ in shapes)
+    assert 160 < whole_height < 200  # P(side >= 400) = 201 / 217 = 0.93
+    assert 40 < sum(w == 533 for _, w in shapes) < 85  # P(side >= 533) = 68 / 217 = 0.31: the whole image
+    for (image, out), (h, w) in zip(windows, shapes):
+        assert out["boxes"].tolist() == [[0.0, 0.0, float(w), float(h)]]  # translated and clamped
+    square = {tuple(RandomClippedCrop()(*sample(700, 800, [[0.0, 0.0, 1.0, 1.0]]))[0].shape[-2:]) for _ in range(30)}
+    assert all(h == w and 384 <= h <= 600 for h, w in square) and len(square) > 10
+
+
+def test_recipes_differ_in_window_and_antialiasing_only():
+    torch.manual_seed(0)
+    rows = torch.arange(240)[:, None] + torch.arange(320)[None, :]
+    stripes = tv_tensors.Image((rows % 2 * 255).to(torch.uint8).expand(3, 240, 320).clone())
+    target = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[10.0, 10.0, 300.0, 200.0]]), format="XYXY",
+                                                 canvas_size=(240, 320)), "labels": torch.tensor([0])}
+    sharp = build_train_resize([96], scale_jitter=False)(stripes, target)[0]
+    smooth = build_train_resize([96], scale_jitter=False, recipe="torchvision")(stripes, target)[0]
+    assert torch.equal(sharp, v2.Resize((96, 96), antialias=False)(stripes))
+    assert torch.equal(smooth, v2.Resize((96, 96), antialias=True)(stripes))
+    assert sharp.float().std() > 2 * smooth.float().std()  # aliased stripes against a near-flat grey
+    windows = {recipe: [type(t) for t in build_train_resize([96], recipe=recipe).transforms[1].transforms]
+               for recipe in ("default", "torchvision")}
+    assert RandomClippedCrop in windows["default"] and RandomSquareCrop in windows["torchvision"]
+    with pytest.raises(ValueError, match="'albumentations'"):
+        build_train_resize([96], recipe="albumentations")
+
+
+@pytest.mark.parametrize("square", [True, False])
+def test_default_crop_branch_ends_square_at_the_scale(square):
+    torch.manual_seed(1)
+    resize = build_train_resize([128], square=square).transforms[1]  # branch B alone
+    for _ in range(10):
+        image, out = resize(*sample(240, 320, [[10.0, 10.0, 300.0, 200.0]]))
+        assert image.shape[-2:] == (128, 128) and out["boxes"].canvas_size == (128, 128)
 
 
 def test_train_pipeline_outputs_a_listed_scale_with_normalised_pixels():

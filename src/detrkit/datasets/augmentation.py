@@ -33,19 +33,23 @@ class Augmentation(Protocol):
 
 
 class TorchvisionAugmentation:
-    """The default pipeline (resize branches, horizontal flip, normalise); aug_config={} drops the flip."""
+    """The built-in pipeline (resize branches, horizontal flip, normalise) of a recipe in
+    transforms.RECIPES; aug_config={} drops the flip."""
 
-    def __init__(self, aug_config: dict[str, dict] | None, keypoint_flip: KeypointFlip | None = None) -> None:
+    def __init__(self, aug_config: dict[str, dict] | None, keypoint_flip: KeypointFlip | None = None,
+                 recipe: str = "default") -> None:
         if aug_config:
-            warnings.warn(f"augmentation_backend='torchvision' runs the default pipeline; aug_config "
+            warnings.warn(f"augmentation_backend='torchvision' runs the built-in pipeline; aug_config "
                           f"{sorted(aug_config)} is ignored", UserWarning, stacklevel=2)
         self.flip_p = 0.0 if aug_config == {} else 0.5
         self.mirrors = self.flip_p > 0
         self.keypoint_flip = keypoint_flip
+        self.recipe = recipe
 
     def train_transform(self, scales: Sequence[int], square: bool, scale_jitter: bool,
                         keypoint_flip: KeypointFlip | None = None) -> SampleTransform:
-        return build_train_transform(scales, square, scale_jitter, self.flip_p, keypoint_flip or self.keypoint_flip)
+        return build_train_transform(scales, square, scale_jitter, self.flip_p, keypoint_flip or self.keypoint_flip,
+                                     self.recipe)
 
     def batch_augment(self) -> BatchAugment | None:
         return None
@@ -54,19 +58,21 @@ class TorchvisionAugmentation:
 class AlbumentationsAugmentation:
     """The aug_config by Albumentations, per sample in the loader workers, after the resize stage."""
 
-    def __init__(self, aug_config: dict[str, dict], keypoint_flip: KeypointFlip | None = None) -> None:
+    def __init__(self, aug_config: dict[str, dict], keypoint_flip: KeypointFlip | None = None,
+                 recipe: str = "default") -> None:
         from detrkit.datasets.albumentations import MIRRORING, build_compose
 
         build_compose(aug_config)  # fail on a bad name or keyword now, not in a worker
         self.aug_config = aug_config
         self.mirrors = bool(MIRRORING & set(aug_config))
         self.keypoint_flip = keypoint_flip
+        self.recipe = recipe
 
     def train_transform(self, scales: Sequence[int], square: bool, scale_jitter: bool,
                         keypoint_flip: KeypointFlip | None = None) -> SampleTransform:
         from detrkit.datasets.albumentations import AlbumentationsTransform
 
-        return AlbumentationsTransform(build_train_resize(scales, square, scale_jitter), self.aug_config,
+        return AlbumentationsTransform(build_train_resize(scales, square, scale_jitter, self.recipe), self.aug_config,
                                        keypoint_flip or self.keypoint_flip)
 
     def batch_augment(self) -> BatchAugment | None:
@@ -77,16 +83,18 @@ class KorniaAugmentation:
     """Loader workers only resize (uint8 out, a quarter of the float bytes to move); the aug_config
     and the normalisation run per batch on the training device."""
 
-    def __init__(self, aug_config: dict[str, dict], keypoint_flip: KeypointFlip | None = None) -> None:
+    def __init__(self, aug_config: dict[str, dict], keypoint_flip: KeypointFlip | None = None,
+                 recipe: str = "default") -> None:
         from detrkit.datasets.kornia import MIRRORING, KorniaAugment
 
         self.augment = KorniaAugment(aug_config, keypoint_flip)
         self.mirrors = bool(MIRRORING & set(aug_config))
+        self.recipe = recipe
 
     def train_transform(self, scales: Sequence[int], square: bool, scale_jitter: bool,
                         keypoint_flip: KeypointFlip | None = None) -> SampleTransform:
         """The resize stage; the batch step mirrors, with the flip map given at construction."""
-        return v2.Compose([build_train_resize(scales, square, scale_jitter)])
+        return v2.Compose([build_train_resize(scales, square, scale_jitter, self.recipe)])
 
     def batch_augment(self) -> BatchAugment | None:
         return self.augment
@@ -102,15 +110,21 @@ BACKENDS = {
 
 
 def resolve_backend(name: str, aug_config: dict[str, dict] | None, cuda: bool) -> str:
-    """The registry key for a run: the default pipeline without a (non-empty) aug_config, Kornia
+    """The registry key for a run: the built-in pipeline without a (non-empty) aug_config, Kornia
     for "auto" when training on CUDA, else Albumentations for "auto"."""
+    if name != "auto" and name not in BACKENDS:
+        raise ValueError(f"augmentation_backend {name!r} is not one of auto, {', '.join(BACKENDS)}")
     if not aug_config:
         return "torchvision"
     if name == "auto":
         return "kornia" if cuda else "albumentations"
-    if name not in BACKENDS:
-        raise ValueError(f"augmentation_backend {name!r} is not one of auto, {', '.join(BACKENDS)}")
     return name
+
+
+def training_recipe(name: str) -> str:
+    """The resize recipe (transforms.RECIPES): spec 12.8's when the torchvision backend is named,
+    the default one for every other backend, whichever packages are installed."""
+    return "torchvision" if name == "torchvision" else "default"
 
 
 def build_augmentation(train_config: TrainConfig, keypoint_flip: KeypointFlip | None = None) -> Augmentation:
@@ -124,4 +138,4 @@ def build_augmentation(train_config: TrainConfig, keypoint_flip: KeypointFlip | 
     if keypoint_flip is None and train_config.keypoint_flip_pairs:
         keypoint_flip = KeypointFlip(pairs_from_flat(train_config.keypoint_flip_pairs, None,
                                                      "TrainConfig.keypoint_flip_pairs"))
-    return BACKENDS[name](train_config.aug_config, keypoint_flip)
+    return BACKENDS[name](train_config.aug_config, keypoint_flip, training_recipe(train_config.augmentation_backend))

@@ -45,23 +45,58 @@ class RandomSquareCrop(v2.Transform):
         return self._call_kernel(TF.crop, inpt, **params)
 
 
+class RandomClippedCrop(v2.Transform):
+    """Crop a window at a uniform position: a side uniform in [low, high], clipped to the image's
+    height for the window's height and to its width for its width, so the window is often the
+    whole short side and, on a non-square image, not square (the window Albumentations'
+    RandomSizedCrop samples in the reference's default recipe). Boxes as RandomSquareCrop."""
+
+    def __init__(self, low: int = CROP_SIDE_RANGE[0], high: int = CROP_SIDE_RANGE[1]) -> None:
+        super().__init__()
+        self.low, self.high = low, high
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        height, width = next(TF.get_size(x) for x in flat_inputs if isinstance(x, tv_tensors.Image))
+        side = int(torch.randint(self.low, self.high + 1, ()))
+        crop_height, crop_width = min(side, height), min(side, width)
+        top = int(torch.randint(0, height - crop_height + 1, ()))
+        left = int(torch.randint(0, width - crop_width + 1, ()))
+        return {"top": top, "left": left, "height": crop_height, "width": crop_width}
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        return self._call_kernel(TF.crop, inpt, **params)
+
+
+# The training recipes (the resize stage). "default": branch B's window as RandomClippedCrop, the
+# training resizes without antialiasing, B's crop resized to (s, s); "torchvision": spec 12.8's
+# steps, a square window (RandomSquareCrop) and antialiased resizes. Chosen by measurement
+# (docs/benchmarks.md, issue 26): the default learns faster.
+RECIPES = ("default", "torchvision")
+
+
 def build_train_transform(scales: Sequence[int], square: bool = True, scale_jitter: bool = True,
-                          flip_p: float = 0.5, keypoint_flip: KeypointFlip | None = None) -> v2.Compose:
+                          flip_p: float = 0.5, keypoint_flip: KeypointFlip | None = None,
+                          recipe: str = "default") -> v2.Compose:
     """Resize to a random scale (branch A), or with `scale_jitter` a fair coin's choice between A
-    and B = shortest side to 400/500/600, random square crop, resize; then flip and normalise.
+    and B = shortest side to 400/500/600, random crop, resize; then flip and normalise.
     `square` resizes to (s, s); otherwise the shortest side becomes s (long side <= 1333). The
     flip swaps keypoint slots by `keypoint_flip` (needed when the data has keypoints)."""
-    resize = build_train_resize(scales, square, scale_jitter)
+    resize = build_train_resize(scales, square, scale_jitter, recipe)
     return v2.Compose([resize, MirrorFlip(flip_p, keypoint_flip), *_normalise()])
 
 
-def build_train_resize(scales: Sequence[int], square: bool = True, scale_jitter: bool = True) -> v2.Transform:
-    """The resize stage of the training pipeline alone (branch A, or A or B with `scale_jitter`);
-    the augmentation backends run their own stack after it."""
-    resize = _resize_to_scale(scales, square)
+def build_train_resize(scales: Sequence[int], square: bool = True, scale_jitter: bool = True,
+                       recipe: str = "default") -> v2.Transform:
+    """The resize stage of the training pipeline alone (branch A, or A or B with `scale_jitter`)
+    of a recipe in RECIPES; the augmentation backends run their own stack after it."""
+    if recipe not in RECIPES:
+        raise ValueError(f"training recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+    antialias = recipe == "torchvision"
+    resize = _resize_to_scale(scales, square, antialias)
     if scale_jitter:
-        crop = v2.Compose([v2.RandomShortestSize(list(CROP_SHORT_SIDES), antialias=True),
-                           RandomSquareCrop(), mark_sample, _resize_to_scale(scales, square)])
+        window = RandomSquareCrop() if recipe == "torchvision" else RandomClippedCrop()
+        crop = v2.Compose([v2.RandomShortestSize(list(CROP_SHORT_SIDES), antialias=antialias),
+                           window, mark_sample, _resize_to_scale(scales, square or recipe == "default", antialias)])
         resize = v2.RandomChoice([resize, crop])
     return resize
 
@@ -75,12 +110,12 @@ def build_eval_transform(resolution: int, square: bool = True) -> v2.Compose:
     return v2.Compose([resize, *_normalise()])
 
 
-def _resize_to_scale(scales: Sequence[int], square: bool) -> v2.Transform:
+def _resize_to_scale(scales: Sequence[int], square: bool, antialias: bool = True) -> v2.Transform:
     if not scales or any(s < 1 for s in scales):
         raise ValueError(f"scales must be positive sizes, got {list(scales)}")
     if square:
-        return v2.RandomChoice([v2.Resize((s, s), antialias=True) for s in scales])
-    return v2.RandomShortestSize(list(scales), max_size=MAX_LONG_SIDE, antialias=True)
+        return v2.RandomChoice([v2.Resize((s, s), antialias=antialias) for s in scales])
+    return v2.RandomShortestSize(list(scales), max_size=MAX_LONG_SIDE, antialias=antialias)
 
 
 def _normalise() -> list[v2.Transform]:
