@@ -9,14 +9,16 @@ seeds; keypoint AP (OKS), mask AP or box AP by epoch, paired. The JSON is rewrit
 Data. pose: detrkit's synthetic shapes with the four corners of each shape's box as visible COCO
 keypoints (`make_synthetic_dataset(keypoints=True)`, 3 classes x 4 keypoints), the demo's set;
 detect: the same shapes without keypoints, so that a gap seen with keypoints can be told apart from
-one of the detector's training alone; or with `--data coins` the boxes of the coins photographs.
+one of the detector's training alone.
 segment: real photographs with polygon masks, the coins scenes of benchmarks/seg_epoch.py (3-12 coins
 cut from scikit-image's photograph on real backgrounds, 320-480 px wide; the wheels it reads are
-fetched with pip once). Model: the demo's small sizes (192 px, 2 decoder layers, 30 queries, 4
-groups) on the task's published layout (keypoint preview and Nano: patch 16, 2 windows; SegNano:
-patch 12, 1 window, its mask head). Each package trains
-in its own process (`--side`, under its own interpreter; detrkit's from this checkout's src/), after
-seeding torch's global RNG with the seed, with the same train() keywords; the curves are read from
+fetched with pip once). `--data` swaps the images: the coins for detect (their boxes), the shapes
+(whose polygon masks are exact, and quicker to learn) for segment.
+Model: the demo's small sizes (192 px, 2 decoder layers, 30 queries, 4 groups) on the task's
+published layout (keypoint preview and Nano: patch 16, 2 windows; SegNano: patch 12, 1 window, its
+mask head). Each package trains in its own process (`--side`, under its own interpreter; detrkit's
+from this checkout's src/), after seeding torch's global RNG with the seed, with the same train()
+keywords; the curves are read from
 each run's metrics.csv (validation of the EMA weights where the package logs both). The JSON holds
 both curves per seed and, per epoch, the mean paired difference (detrkit - reference) +- its SE.
 """
@@ -59,8 +61,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--reference-python")
     parser.add_argument("--task", choices=sorted(TASKS), default="pose")
     parser.add_argument("--data", choices=["shapes", "coins"],
-                        help="training images: detrkit's synthetic shapes (default for pose and detect) or "
-                             "the coins photographs (default for segment; detect trains on their boxes)")
+                        help="training images: detrkit's synthetic shapes with exact polygon masks (default "
+                             "for pose and detect) or the coins photographs (default for segment)")
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--train", type=int, default=64)
@@ -173,7 +175,7 @@ def summary(args: argparse.Namespace, runs: list[dict]) -> dict:
 def data_of(args: argparse.Namespace) -> str:
     """The data set a run trains on: the task's default, or --data where the task can use it."""
     data = args.data or ("coins" if args.task == "segment" else "shapes")
-    if (args.task, data) in (("segment", "shapes"), ("pose", "coins")):
+    if (args.task, data) == ("pose", "coins"):
         raise SystemExit(f"--task {args.task} cannot train on --data {data} (it lacks the task's labels)")
     return data
 
