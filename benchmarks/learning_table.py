@@ -19,6 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from task_learning import mean_and_se
+
 
 def load(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {"curves": {}}
@@ -47,8 +49,8 @@ def paired(baseline: dict, arm: dict, metric: str, epoch: int | None, last: int)
     diffs = [statistic(baseline[s][metric], epoch, last) - statistic(arm[s][metric], epoch, last) for s in seeds]
     if not diffs:
         return None
-    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None
-    return [round(statistics.mean(diffs), 4), None if se is None else round(se, 4)]
+    mean, se = mean_and_se(diffs)
+    return [round(mean, 4), None if se is None else round(se, 4)]
 
 
 def summarise(results: Path, baseline_label: str, epochs: list[int], last: int) -> dict:

@@ -18,9 +18,9 @@ Model: the demo's small sizes (192 px, 2 decoder layers, 30 queries, 4 groups) o
 published layout (keypoint preview and Nano: patch 16, 2 windows; SegNano: patch 12, 1 window, its
 mask head). Each package trains in its own process (`--side`, under its own interpreter; detrkit's
 from this checkout's src/), after seeding torch's global RNG with the seed, with the same train()
-keywords; the curves are read from
-each run's metrics.csv (validation of the EMA weights where the package logs both). The JSON holds
-both curves per seed and, per epoch, the mean paired difference (detrkit - reference) +- its SE.
+keywords; the curves are read from each run's metrics.csv (validation of the EMA weights where the
+package logs both). The JSON holds both curves per seed and, per epoch, the mean paired difference
+(detrkit - reference) +- its SE.
 """
 
 from __future__ import annotations
@@ -149,13 +149,17 @@ def finish_side(run: dict, side: str, start: float, process, output: Path, args:
     run[side] = {"seconds": time.perf_counter() - start, **curves(output / "metrics.csv", TASKS[args.task]["metrics"])}
 
 
+def mean_and_se(diffs: list[float]) -> tuple[float, float | None]:
+    """The mean of paired differences and its standard error (None for a single pair)."""
+    return statistics.mean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None
+
+
 def paired(runs: list[dict], name: str) -> list[dict]:
     """Per epoch: mean detrkit - reference difference and its standard error over the seeds."""
     rows = []
     for epoch in range(len(runs[0]["detrkit"][name])):
-        diffs = [run["detrkit"][name][epoch] - run["rfdetr"][name][epoch] for run in runs]
-        se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None
-        rows.append({"epoch": epoch + 1, "mean_diff": statistics.mean(diffs), "se": se,
+        mean, se = mean_and_se([run["detrkit"][name][epoch] - run["rfdetr"][name][epoch] for run in runs])
+        rows.append({"epoch": epoch + 1, "mean_diff": mean, "se": se,
                      "detrkit_mean": statistics.mean(run["detrkit"][name][epoch] for run in runs),
                      "reference_mean": statistics.mean(run["rfdetr"][name][epoch] for run in runs)})
     return rows
@@ -198,14 +202,14 @@ def main() -> int:
 
         dataset = make_synthetic_dataset(scratch / "data", num_train=args.train, num_valid=args.valid, seed=0,
                                          keypoints=args.task == "pose")
-    runs = []
+    runs, text = [], ""
     for seed in args.seeds:
         runs.append(run_seed(args, dataset, scratch, seed))
         print(json.dumps(runs[-1]), flush=True)
         text = json.dumps(summary(args, runs), indent=2)
         if args.out:
             args.out.write_text(text + "\n")
-    print(json.dumps(summary(args, runs), indent=2))
+    print(text)
     return 0
 
 

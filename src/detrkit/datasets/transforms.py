@@ -45,15 +45,11 @@ class RandomSquareCrop(v2.Transform):
         return self._call_kernel(TF.crop, inpt, **params)
 
 
-class RandomClippedCrop(v2.Transform):
+class RandomClippedCrop(RandomSquareCrop):
     """Crop a window at a uniform position: a side uniform in [low, high], clipped to the image's
     height for the window's height and to its width for its width, so the window is often the
     whole short side and, on a non-square image, not square (the window Albumentations'
     RandomSizedCrop samples in the reference's default recipe). Boxes as RandomSquareCrop."""
-
-    def __init__(self, low: int = CROP_SIDE_RANGE[0], high: int = CROP_SIDE_RANGE[1]) -> None:
-        super().__init__()
-        self.low, self.high = low, high
 
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
         height, width = next(TF.get_size(x) for x in flat_inputs if isinstance(x, tv_tensors.Image))
@@ -62,9 +58,6 @@ class RandomClippedCrop(v2.Transform):
         top = int(torch.randint(0, height - crop_height + 1, ()))
         left = int(torch.randint(0, width - crop_width + 1, ()))
         return {"top": top, "left": left, "height": crop_height, "width": crop_width}
-
-    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
-        return self._call_kernel(TF.crop, inpt, **params)
 
 
 # The training recipes (the resize stage). "default": branch B's window as RandomClippedCrop, the
