@@ -11,6 +11,11 @@ Runs with the reference's interpreter (rfdetr importable) and prints JSON with:
                 image, box size, empty samples, for both branches and for the resize branch alone
   alignment     box edges against the edges of a white rectangle after the transform (pixels)
   first_loss    detrkit's criterion on an untrained model, over each side's own training batches
+  step          one training-mode forward, loss and backward of the reference's weights in both
+                packages, on the same batch at the multi-scale sides (issue 26: learning differed with
+                multi-scale on): the loss difference and the largest gradient difference relative to
+                the gradient's scale, over parameters whose reference gradient is not ~0 (the key
+                biases' gradients are 0 up to rounding: softmax ignores them)
 """
 
 from __future__ import annotations
@@ -152,6 +157,44 @@ def first_losses(model, train_config, loader, scales: list[int], batches: int) -
             "standard_error": round(statistics.stdev(totals) / len(totals) ** 0.5, 4)}
 
 
+def step_differences(ours, reference, sizes: list[int]) -> dict:
+    from rfdetr.models import build_criterion_from_config
+    from rfdetr.utilities.tensors import NestedTensor
+
+    from detrkit.losses.criterion import build_criterion
+    from detrkit.structures import Target
+
+    theirs, detector = reference.model.model.train(), ours.model.train()
+    detector.load_state_dict(theirs.state_dict())
+    their_criterion, _ = build_criterion_from_config(reference.model_config, reference.get_train_config(dataset_dir="."))
+    criterion = build_criterion(ours.model_config, ours.get_train_config(dataset_dir="."))
+    boxes = torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.7, 0.6, 0.3, 0.2], [0.5, 0.5, 0.4, 0.4]])
+    labels = [torch.tensor([0, 2]), torch.tensor([1])]
+    generator, result = torch.Generator().manual_seed(3), {}
+    for side in sizes:
+        pixels = torch.randn(2, 3, side, side, generator=generator)
+        targets = [{"labels": labels[0], "boxes": boxes[:2]}, {"labels": labels[1], "boxes": boxes[2:]}]
+        theirs.zero_grad()
+        losses = their_criterion(theirs(NestedTensor(pixels, torch.zeros(2, side, side, dtype=torch.bool)), targets),
+                                 targets)
+        their_loss = sum(losses[k] * their_criterion.weight_dict[k] for k in losses if k in their_criterion.weight_dict)
+        their_loss.backward()
+        detector.zero_grad()
+        ours_targets = [Target(boxes=t["boxes"], labels=t["labels"], image_id=i, orig_size=(side, side),
+                               size=(side, side)) for i, t in enumerate(targets)]
+        loss = criterion(detector(pixels, None), ours_targets, groups=detector.groups).total
+        loss.backward()
+        theirs_grads = dict(theirs.named_parameters())
+        gaps = {name: ((p.grad - theirs_grads[name].grad).abs().max() / theirs_grads[name].grad.abs().max()).item()
+                for name, p in detector.named_parameters()
+                if p.grad is not None and theirs_grads[name].grad.abs().max() > 1e-9}
+        worst = max(gaps, key=gaps.get)
+        result[side] = {"loss": float(loss), "loss_difference": float(loss) - float(their_loss),
+                        "parameters_compared": len(gaps), "largest_relative_gradient_difference": gaps[worst],
+                        "at": worst}
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=25)
@@ -190,6 +233,10 @@ def main() -> int:
         "detrkit_batches": first_losses(ours, config, datamodule.train_dataloader(), scales, args.batches),
         "reference_batches": first_losses(ours, config, learning_arms.reference_train_loader(datamodule), scales,
                                           args.batches)}
+    tiny = dict(pretrain_weights=None, device="cpu", num_classes=3, resolution=192, dec_layers=2, num_queries=30,
+                num_select=30, group_detr=4, positional_encoding_size=12, patch_size=16, num_windows=2)
+    result["step"] = step_differences(quiet_build(RFDETRNano, **tiny), quiet_build(Reference, **tiny),
+                                      multi_scale_sizes(192, 32, True))
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
