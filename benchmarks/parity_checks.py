@@ -35,6 +35,7 @@ from torchvision import tv_tensors
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import learning_arms  # noqa: E402  (the reference-side adapters)
+from task_learning import TASKS  # noqa: E402
 
 
 def quiet_build(factory, **kwargs):
@@ -168,12 +169,11 @@ def step_differences(ours, reference, sizes: list[int]) -> dict:
     detector.load_state_dict(theirs.state_dict())
     their_criterion, _ = build_criterion_from_config(reference.model_config, reference.get_train_config(dataset_dir="."))
     criterion = build_criterion(ours.model_config, ours.get_train_config(dataset_dir="."))
-    boxes = torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.7, 0.6, 0.3, 0.2], [0.5, 0.5, 0.4, 0.4]])
-    labels = [torch.tensor([0, 2]), torch.tensor([1])]
+    targets = [{"labels": torch.tensor([0, 2]), "boxes": torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.7, 0.6, 0.3, 0.2]])},
+               {"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.4, 0.4]])}]
     generator, result = torch.Generator().manual_seed(3), {}
     for side in sizes:
         pixels = torch.randn(2, 3, side, side, generator=generator)
-        targets = [{"labels": labels[0], "boxes": boxes[:2]}, {"labels": labels[1], "boxes": boxes[2:]}]
         theirs.zero_grad()
         losses = their_criterion(theirs(NestedTensor(pixels, torch.zeros(2, side, side, dtype=torch.bool)), targets),
                                  targets)
@@ -184,10 +184,12 @@ def step_differences(ours, reference, sizes: list[int]) -> dict:
                                size=(side, side)) for i, t in enumerate(targets)]
         loss = criterion(detector(pixels, None), ours_targets, groups=detector.groups).total
         loss.backward()
-        theirs_grads = dict(theirs.named_parameters())
-        gaps = {name: ((p.grad - theirs_grads[name].grad).abs().max() / theirs_grads[name].grad.abs().max()).item()
-                for name, p in detector.named_parameters()
-                if p.grad is not None and theirs_grads[name].grad.abs().max() > 1e-9}
+        their_grads = {name: p.grad for name, p in theirs.named_parameters() if p.grad is not None}
+        gaps = {}
+        for name, p in detector.named_parameters():
+            scale = their_grads[name].abs().max() if name in their_grads else 0.0
+            if p.grad is not None and scale > 1e-9:
+                gaps[name] = ((p.grad - their_grads[name]).abs().max() / scale).item()
         worst = max(gaps, key=gaps.get)
         result[side] = {"loss": float(loss), "loss_difference": float(loss) - float(their_loss),
                         "parameters_compared": len(gaps), "largest_relative_gradient_difference": gaps[worst],
@@ -233,10 +235,10 @@ def main() -> int:
         "detrkit_batches": first_losses(ours, config, datamodule.train_dataloader(), scales, args.batches),
         "reference_batches": first_losses(ours, config, learning_arms.reference_train_loader(datamodule), scales,
                                           args.batches)}
-    tiny = dict(pretrain_weights=None, device="cpu", num_classes=3, resolution=192, dec_layers=2, num_queries=30,
-                num_select=30, group_detr=4, positional_encoding_size=12, patch_size=16, num_windows=2)
+    tiny = dict(TASKS["detect"]["kwargs"], device="cpu", num_classes=3)  # task_learning.py's small Nano
+    block = tiny["patch_size"] * tiny["num_windows"]
     result["step"] = step_differences(quiet_build(RFDETRNano, **tiny), quiet_build(Reference, **tiny),
-                                      multi_scale_sizes(192, 32, True))
+                                      multi_scale_sizes(tiny["resolution"], block, True))
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
