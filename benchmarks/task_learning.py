@@ -29,6 +29,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -147,6 +148,7 @@ def finish_side(run: dict, side: str, start: float, process, output: Path, args:
     if process.wait():
         raise RuntimeError(f"{side} exited with status {process.returncode} ({output})")
     run[side] = {"seconds": time.perf_counter() - start, **curves(output / "metrics.csv", TASKS[args.task]["metrics"])}
+    shutil.rmtree(output)  # its checkpoints take hundreds of MB a run; a failed run's folder is kept above
 
 
 def mean_and_se(diffs: list[float]) -> tuple[float, float | None]:
