@@ -19,7 +19,8 @@ published layout (keypoint preview and Nano: patch 16, 2 windows; SegNano: patch
 mask head). Each package trains in its own process (`--side`, under its own interpreter; detrkit's
 from this checkout's src/), after seeding torch's global RNG with the seed, with the same train()
 keywords; the curves are read from each run's metrics.csv (validation of the EMA weights where the
-package logs both). The JSON holds both curves per seed and, per epoch, the mean paired difference
+package logs both). `--detrkit-arm` trains detrkit's side through a benchmarks/learning_arms.py arm
+(one part swapped for the reference's), in the reference's interpreter. The JSON holds both curves per seed and, per epoch, the mean paired difference
 (detrkit - reference) +- its SE.
 """
 
@@ -71,6 +72,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each run")
     parser.add_argument("--detrkit-kwargs", type=json.loads, default={},
                         help="JSON train() keywords added on detrkit's side only (an arm of an ablation)")
+    parser.add_argument("--detrkit-arm", help="train detrkit's side through this benchmarks/learning_arms.py arm "
+                                              "(in the reference's interpreter, which the arms import)")
     parser.add_argument("--reference-kwargs", type=json.loads, default={},
                         help="JSON train() keywords added on the reference's side only")
     parser.add_argument("--parallel", action="store_true", help="train both sides of a seed at the same time")
@@ -78,6 +81,7 @@ def parse_args() -> argparse.Namespace:
                         help="train only these sides (the paired summary needs both)")
     parser.add_argument("--kwargs", type=json.loads, default={}, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
     return parser.parse_args()
 
@@ -92,6 +96,11 @@ def train_side(args: argparse.Namespace) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     package = importlib.import_module(args.side)
+    if args.arm:
+        sys.path.insert(0, str(HERE))
+        from learning_arms import ARMS
+
+        ARMS[args.arm]()
     torch.manual_seed(args.seed)  # both packages initialise the weights at construction
     task = TASKS[args.task]
     model = getattr(package, task["model"])(**task["kwargs"], device="cpu")
@@ -123,9 +132,10 @@ def start_side(python: str, side: str, dataset: Path, output: Path, args: argpar
     if side == "detrkit":
         env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
     extra = args.detrkit_kwargs if side == "detrkit" else args.reference_kwargs
-    command = [python, str(Path(__file__).resolve()), "--side", side, "--dataset", str(dataset), "--output",
+    arm = ["--arm", args.detrkit_arm] if side == "detrkit" and args.detrkit_arm else []
+    command = [args.reference_python if arm else python, str(Path(__file__).resolve()), "--side", side, "--dataset", str(dataset), "--output",
                str(output), "--epochs", str(args.epochs), "--threads", str(args.threads), "--seed", str(seed),
-               "--task", args.task, "--kwargs", json.dumps(extra)]
+               "--task", args.task, "--kwargs", json.dumps(extra), *arm]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -172,7 +182,7 @@ def summary(args: argparse.Namespace, runs: list[dict]) -> dict:
     return {"task": args.task, "data": data_of(args),
             "epochs": args.epochs, "train_images": args.train, "valid_images": args.valid,
             "model": {"class": task["model"], **task["kwargs"]}, "training": TRAINING,
-            "detrkit_kwargs": args.detrkit_kwargs, "reference_kwargs": args.reference_kwargs,
+            "detrkit_kwargs": args.detrkit_kwargs, "detrkit_arm": args.detrkit_arm, "reference_kwargs": args.reference_kwargs,
             "runs": runs,
             "paired": {name: paired(runs, name) for name in task["metrics"]
                        if all(name in run.get("detrkit", {}) and name in run.get("rfdetr", {}) for run in runs)}}
@@ -191,6 +201,14 @@ def main() -> int:
     if args.side:
         train_side(args)
         return 0
+    if args.detrkit_arm:
+        sys.path.insert(0, str(HERE))
+        from learning_arms import ARMS
+
+        if args.detrkit_arm not in ARMS:
+            raise SystemExit(f"unknown --detrkit-arm {args.detrkit_arm!r}: one of {', '.join(ARMS)}")
+        if not args.reference_python:
+            raise SystemExit("--detrkit-arm runs detrkit in the reference's interpreter: pass --reference-python")
     scratch = Path(tempfile.mkdtemp(prefix=f"{args.task}-learning-"))
     if data_of(args) == "coins":
         sys.path.insert(0, str(HERE))
