@@ -9,6 +9,10 @@ Arms:
                        the same decoded images; needs `rfdetr` importable. Set beside the
                        reference run with augmentation_backend="torchvision", it tells a difference
                        in the per-sample pipeline from one in the model, losses or loop.
+  reference-albumentations  as reference-transform, with the reference's default Albumentations
+                       pipeline (what it trains on when albumentations is installed) instead; detrkit's
+                       loader, sampler and per-sample seeding stay. Beside reference-loader it tells the
+                       per-sample transform from the rest of the loader.
   reference-loader     detrkit's model, losses and loop train on the reference's own training
                        DataLoader (its data set, transforms, sampler and collate; detrkit's
                        per-batch multi-scale resize still applies); needs `rfdetr` importable.
@@ -33,10 +37,10 @@ from torchvision import tv_tensors
 class ReferenceTransform:
     """(uint8 tv Image, {boxes xyxy px, labels, area}) -> the reference's (normalised image, same keys)."""
 
-    def __init__(self, scales: list[int], scale_jitter: bool) -> None:
+    def __init__(self, scales: list[int], scale_jitter: bool, aug_config: dict | None = None) -> None:
         from rfdetr.datasets.coco import _route_transforms
 
-        self.transform = _route_transforms("train", max(scales), list(scales), square=True, aug_config=None,
+        self.transform = _route_transforms("train", max(scales), list(scales), square=True, aug_config=aug_config,
                                            scale_jitter=scale_jitter, gpu_postprocess=False, keypoint_flip_pairs=None)
 
     def __call__(self, image: tv_tensors.Image, sample: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -98,6 +102,16 @@ def use_reference_transform() -> None:
         lambda self, scales, square, scale_jitter: ReferenceTransform(list(scales), scale_jitter))
 
 
+def use_reference_albumentations() -> None:
+    from rfdetr.datasets.aug_configs import AUG_CONFIG
+
+    from detrkit.datasets.augmentation import TorchvisionAugmentation
+
+    TorchvisionAugmentation.train_transform = (
+        lambda self, scales, square, scale_jitter, keypoint_flip=None: ReferenceTransform(list(scales), scale_jitter,
+                                                                                          AUG_CONFIG))
+
+
 def use_reference_loader() -> None:
     from detrkit.training.datamodule import RFDETRDataModule
 
@@ -105,7 +119,7 @@ def use_reference_loader() -> None:
 
 
 ARMS = {"baseline": lambda: None, "reference-transform": use_reference_transform,
-        "reference-loader": use_reference_loader}
+        "reference-albumentations": use_reference_albumentations, "reference-loader": use_reference_loader}
 
 
 def main() -> None:
