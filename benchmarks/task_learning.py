@@ -20,8 +20,8 @@ mask head). Each package trains in its own process (`--side`, under its own inte
 from this checkout's src/), after seeding torch's global RNG with the seed, with the same train()
 keywords; the curves are read from each run's metrics.csv (validation of the EMA weights where the
 package logs both). `--detrkit-arm` trains detrkit's side through a benchmarks/learning_arms.py arm
-(one part swapped for the reference's), in the reference's interpreter. The JSON holds both curves per seed and, per epoch, the mean paired difference
-(detrkit - reference) +- its SE.
+(one part swapped for the reference's), in the reference's interpreter. The JSON holds both curves
+per seed and, per epoch, the mean paired difference (detrkit - reference) +- its SE.
 """
 
 from __future__ import annotations
@@ -133,8 +133,8 @@ def start_side(python: str, side: str, dataset: Path, output: Path, args: argpar
         env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
     extra = args.detrkit_kwargs if side == "detrkit" else args.reference_kwargs
     arm = ["--arm", args.detrkit_arm] if side == "detrkit" and args.detrkit_arm else []
-    command = [args.reference_python if arm else python, str(Path(__file__).resolve()), "--side", side, "--dataset", str(dataset), "--output",
-               str(output), "--epochs", str(args.epochs), "--threads", str(args.threads), "--seed", str(seed),
+    command = [args.reference_python if arm else python, str(Path(__file__).resolve()), "--side", side,
+               "--dataset", str(dataset), "--output", str(output), "--epochs", str(args.epochs), "--threads", str(args.threads), "--seed", str(seed),
                "--task", args.task, "--kwargs", json.dumps(extra), *arm]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -182,7 +182,8 @@ def summary(args: argparse.Namespace, runs: list[dict]) -> dict:
     return {"task": args.task, "data": data_of(args),
             "epochs": args.epochs, "train_images": args.train, "valid_images": args.valid,
             "model": {"class": task["model"], **task["kwargs"]}, "training": TRAINING,
-            "detrkit_kwargs": args.detrkit_kwargs, "detrkit_arm": args.detrkit_arm, "reference_kwargs": args.reference_kwargs,
+            "detrkit_kwargs": args.detrkit_kwargs, "detrkit_arm": args.detrkit_arm,
+            "reference_kwargs": args.reference_kwargs,
             "runs": runs,
             "paired": {name: paired(runs, name) for name in task["metrics"]
                        if all(name in run.get("detrkit", {}) and name in run.get("rfdetr", {}) for run in runs)}}
