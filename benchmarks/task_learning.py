@@ -135,7 +135,8 @@ def start_side(python: str, side: str, dataset: Path, output: Path, args: argpar
     arm = ["--arm", args.detrkit_arm] if side == "detrkit" and args.detrkit_arm else []
     command = [args.reference_python if arm else python, str(Path(__file__).resolve()), "--side", side,
                "--dataset", str(dataset), "--output", str(output), "--epochs", str(args.epochs),
-               "--threads", str(args.threads), "--seed", str(seed), "--task", args.task, "--kwargs", json.dumps(extra), *arm]
+               "--threads", str(args.threads), "--seed", str(seed), "--task", args.task,
+               "--kwargs", json.dumps(extra), *arm]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
