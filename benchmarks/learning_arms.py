@@ -95,21 +95,24 @@ def reference_train_loader(datamodule) -> ReferenceBatches:
     return ReferenceBatches(reference.train_dataloader())
 
 
-def use_reference_transform() -> None:
+def swap_train_transform(aug_config: dict | None) -> None:
+    """detrkit's training samples made by the reference's per-sample pipeline for aug_config
+    (None: its torchvision one)."""
     from detrkit.datasets.augmentation import TorchvisionAugmentation
 
     TorchvisionAugmentation.train_transform = (
-        lambda self, scales, square, scale_jitter: ReferenceTransform(list(scales), scale_jitter))
+        lambda self, scales, square, scale_jitter, keypoint_flip=None: ReferenceTransform(list(scales), scale_jitter,
+                                                                                          aug_config))
+
+
+def use_reference_transform() -> None:
+    swap_train_transform(None)
 
 
 def use_reference_albumentations() -> None:
     from rfdetr.datasets.aug_configs import AUG_CONFIG
 
-    from detrkit.datasets.augmentation import TorchvisionAugmentation
-
-    TorchvisionAugmentation.train_transform = (
-        lambda self, scales, square, scale_jitter, keypoint_flip=None: ReferenceTransform(list(scales), scale_jitter,
-                                                                                          AUG_CONFIG))
+    swap_train_transform(AUG_CONFIG)
 
 
 def use_reference_loader() -> None:
