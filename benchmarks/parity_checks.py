@@ -7,8 +7,11 @@ Runs with the reference's interpreter (rfdetr importable) and prints JSON with:
   init          state-dict tensors of freshly built Nano models whose mean or spread differ by more
                 than four times what two draws of one distribution would (names and shapes must match)
   param_groups  parameters whose (lr, weight_decay) differ between the two optimisers' groups
-  pipeline      per-sample training transforms on the same 200 images: mean pixel spread, boxes per
-                image, box size, empty samples, for both branches and for the resize branch alone
+  pipeline      per-sample training transforms on the same 200 images (4 passes): mean pixel spread and
+                gradient, boxes per image (+- SE), box size and aspect, the share of sliver boxes (a side
+                under 3% of the image) and empty samples, for both branches and for the resize branch
+                alone; detrkit's two recipes beside the reference's torchvision and default
+                (Albumentations) pipelines (issue 26: they should agree within noise)
   alignment     box edges against the edges of a white rectangle after the transform (pixels)
   first_loss    detrkit's criterion on an untrained model, over each side's own training batches
   step          one training-mode forward, loss and backward of the reference's weights in both
@@ -91,24 +94,42 @@ def group_differences(ours_model, reference, reference_config) -> dict:
             "differ": [f"{n}: {ours[n]} vs {theirs[n]}" for n in sorted(shared) if ours[n] != theirs[n]]}
 
 
-def pipeline_statistics(root: Path, transform, repeats: int = 2) -> dict:
+def pipeline_statistics(root: Path, transform, repeats: int = 4) -> dict:
     from detrkit.datasets.coco import CocoDetection
 
     torch.manual_seed(0)
     random.seed(0)
     data = CocoDetection(root / "train" / "_annotations.coco.json", root / "train", transform)
-    spreads, boxes, widths, heights, empty = [], 0, [], [], 0
+    spreads, gradients, counts, boxes, empty = [], [], [], [], 0
     for _ in range(repeats):
         for index in range(len(data)):
             pixels, target = data[index]
             spreads.append(pixels.std().item())
-            boxes += len(target.boxes)
+            gradients.append((pixels.diff(dim=-1).abs().mean() + pixels.diff(dim=-2).abs().mean()).item())
+            counts.append(len(target.boxes))
             empty += len(target.boxes) == 0
-            widths += target.boxes[:, 2].tolist()
-            heights += target.boxes[:, 3].tolist()
-    count = len(spreads)
-    return {"samples": count, "pixel_std": round(statistics.mean(spreads), 4), "boxes_per_image": round(boxes / count, 3),
-            "empty": empty, "box_w": round(statistics.mean(widths), 4), "box_h": round(statistics.mean(heights), 4)}
+            boxes.append(target.boxes[:, 2:])
+    sides = torch.cat(boxes)
+    return {"samples": len(counts), "pixel_std": round(statistics.mean(spreads), 4),
+            "pixel_gradient": round(statistics.mean(gradients), 4),
+            "boxes_per_image": round(statistics.mean(counts), 3),
+            "boxes_per_image_se": round(statistics.stdev(counts) / len(counts) ** 0.5, 3), "empty": empty,
+            "box_w": round(sides[:, 0].mean().item(), 4), "box_h": round(sides[:, 1].mean().item(), 4),
+            "aspect_quartiles": (sides[:, 0] / sides[:, 1]).quantile(torch.tensor([0.25, 0.5, 0.75])).round(
+                decimals=3).tolist(),
+            "sliver_share": round((sides.min(1).values < 0.03).float().mean().item(), 4)}
+
+
+def pipelines(largest: list[int]) -> dict:
+    """name -> (jitter -> per-sample training transform): detrkit's recipes and the reference's."""
+    from rfdetr.datasets.aug_configs import AUG_CONFIG
+
+    from detrkit.datasets.transforms import build_train_transform
+
+    return {"detrkit_default": lambda jitter: build_train_transform(largest, True, jitter),
+            "detrkit_torchvision": lambda jitter: build_train_transform(largest, True, jitter, recipe="torchvision"),
+            "reference_torchvision": lambda jitter: learning_arms.ReferenceTransform(largest, jitter),
+            "reference_albumentations": lambda jitter: learning_arms.ReferenceTransform(largest, jitter, AUG_CONFIG)}
 
 
 def alignment_error(transform, samples: int = 300) -> dict:
@@ -197,9 +218,13 @@ def step_differences(ours, reference, sizes: list[int]) -> dict:
     return result
 
 
+CHECKS = ("init", "param_groups", "pipeline", "alignment", "first_loss", "step")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=25)
+    parser.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS), help="run only these")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -210,35 +235,39 @@ def main() -> int:
     from detrkit import RFDETRNano
     from detrkit.config import TrainConfig
     from detrkit.datasets.synthetic import make_synthetic_dataset
-    from detrkit.datasets.transforms import build_train_transform, multi_scale_sizes
+    from detrkit.datasets.transforms import multi_scale_sizes
     from detrkit.training.datamodule import RFDETRDataModule
 
+    wanted, result = set(args.checks), {}
     reference = quiet_build(Reference, pretrain_weights=None, device="cpu", resolution=320, num_classes=3)
     ours = quiet_build(RFDETRNano, pretrain_weights=None, device="cpu", resolution=320, num_classes=3)
-    result = {"init": init_differences(ours.model.state_dict(), reference.model.model.state_dict()),
-              "param_groups": group_differences(ours, reference, ReferenceTrainConfig(dataset_dir="."))}
+    if "init" in wanted:
+        result["init"] = init_differences(ours.model.state_dict(), reference.model.model.state_dict())
+    if "param_groups" in wanted:
+        result["param_groups"] = group_differences(ours, reference, ReferenceTrainConfig(dataset_dir="."))
     root = Path(os.environ.get("TMPDIR", "/tmp")) / "detrkit-parity"
     data = make_synthetic_dataset(root / "data", num_train=200, num_valid=50, seed=0)
-    largest = [max(multi_scale_sizes(320, 32, True))]
-    result["pipeline"] = {
-        f"{side}_{branch}": pipeline_statistics(data, make(largest, jitter))
-        for branch, jitter in (("both_branches", True), ("resize_only", False))
-        for side, make in (("detrkit", lambda s, j: build_train_transform(s, True, j)),
-                           ("reference", learning_arms.ReferenceTransform))}
-    result["alignment"] = {"detrkit": alignment_error(build_train_transform(largest, True, True)),
-                           "reference": alignment_error(learning_arms.ReferenceTransform(largest, True))}
-    config = TrainConfig(dataset_dir=str(data), output_dir=str(root / "out"), batch_size=4, num_workers=2, seed=0)
-    datamodule = RFDETRDataModule(ours.model_config, config)
-    datamodule.setup("fit")
-    scales = multi_scale_sizes(320, 32, True)
-    result["first_loss"] = {
-        "detrkit_batches": first_losses(ours, config, datamodule.train_dataloader(), scales, args.batches),
-        "reference_batches": first_losses(ours, config, learning_arms.reference_train_loader(datamodule), scales,
-                                          args.batches)}
-    tiny = dict(TASKS["detect"]["kwargs"], device="cpu", num_classes=3)  # task_learning.py's small Nano
-    block = tiny["patch_size"] * tiny["num_windows"]
-    result["step"] = step_differences(quiet_build(RFDETRNano, **tiny), quiet_build(Reference, **tiny),
-                                      multi_scale_sizes(tiny["resolution"], block, True))
+    made = pipelines([max(multi_scale_sizes(320, 32, True))])
+    if "pipeline" in wanted:
+        result["pipeline"] = {f"{name}_{branch}": pipeline_statistics(data, make(jitter))
+                              for branch, jitter in (("both_branches", True), ("resize_only", False))
+                              for name, make in made.items()}
+    if "alignment" in wanted:
+        result["alignment"] = {name: alignment_error(make(True)) for name, make in made.items()}
+    if "first_loss" in wanted:
+        config = TrainConfig(dataset_dir=str(data), output_dir=str(root / "out"), batch_size=4, num_workers=2, seed=0)
+        datamodule = RFDETRDataModule(ours.model_config, config)
+        datamodule.setup("fit")
+        scales = multi_scale_sizes(320, 32, True)
+        result["first_loss"] = {
+            "detrkit_batches": first_losses(ours, config, datamodule.train_dataloader(), scales, args.batches),
+            "reference_batches": first_losses(ours, config, learning_arms.reference_train_loader(datamodule),
+                                              scales, args.batches)}
+    if "step" in wanted:
+        tiny = dict(TASKS["detect"]["kwargs"], device="cpu", num_classes=3)  # task_learning.py's small Nano
+        block = tiny["patch_size"] * tiny["num_windows"]
+        result["step"] = step_differences(quiet_build(RFDETRNano, **tiny), quiet_build(Reference, **tiny),
+                                          multi_scale_sizes(tiny["resolution"], block, True))
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
