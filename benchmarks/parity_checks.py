@@ -64,7 +64,8 @@ def init_differences(ours: dict, theirs: dict) -> list[str]:
             spread, unit = max(a.std().item(), b.std().item(), 1e-6), a.numel() ** -0.5
             if (abs(a.mean().item() - b.mean().item()) > 4 * spread * unit * 2**0.5 + 1e-6
                     or abs(a.std().item() - b.std().item()) > 4 * spread * unit + 1e-6):
-                found.append(f"{name}: mean {a.mean().item():+.3g}/{b.mean().item():+.3g} std {a.std().item():.3g}/{b.std().item():.3g}")
+                found.append(f"{name}: mean {a.mean().item():+.3g}/{b.mean().item():+.3g} "
+                             f"std {a.std().item():.3g}/{b.std().item():.3g}")
     return found
 
 
@@ -77,7 +78,8 @@ def group_differences(ours_model, reference, reference_config) -> dict:
     from detrkit.training.optim import parameter_groups
 
     train, module = reference_config, reference.model.model
-    namespace = types.SimpleNamespace(**train.model_dump(), out_feature_indexes=reference.model_config.out_feature_indexes)
+    namespace = types.SimpleNamespace(**train.model_dump(),
+                                      out_feature_indexes=reference.model_config.out_feature_indexes)
     names = {id(p): n for n, p in module.named_parameters()}
     theirs = {names[id(p)]: (g.get("lr", train.lr), g.get("weight_decay", train.weight_decay))
               for g in get_param_dict(namespace, module) for p in g["params"]}
@@ -188,7 +190,8 @@ def step_differences(ours, reference, sizes: list[int]) -> dict:
 
     theirs, detector = reference.model.model.train(), ours.model.train()
     detector.load_state_dict(theirs.state_dict())
-    their_criterion, _ = build_criterion_from_config(reference.model_config, reference.get_train_config(dataset_dir="."))
+    their_criterion, _ = build_criterion_from_config(reference.model_config,
+                                                     reference.get_train_config(dataset_dir="."))
     criterion = build_criterion(ours.model_config, ours.get_train_config(dataset_dir="."))
     targets = [{"labels": torch.tensor([0, 2]), "boxes": torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.7, 0.6, 0.3, 0.2]])},
                {"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.4, 0.4]])}]
