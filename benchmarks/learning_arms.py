@@ -13,6 +13,11 @@ Arms:
                        pipeline (what it trains on when albumentations is installed) instead; detrkit's
                        loader, sampler and per-sample seeding stay. Beside reference-loader it tells the
                        per-sample transform from the rest of the loader.
+  private-draws        detrkit's own default per-sample transform, its random draws taken from one
+                       process-wide stream instead of the seeded per-sample ones (the loader still
+                       seeds them; the transform reseeds torch's generator from its own stream first).
+                       Beside reference-albumentations, whose Albumentations draws come from its own
+                       stream too, it tells the random draws from the transform's operations.
   reference-loader     detrkit's model, losses and loop train on the reference's own training
                        DataLoader (its data set, transforms, sampler and collate; detrkit's
                        per-batch multi-scale resize still applies); needs `rfdetr` importable.
@@ -115,6 +120,26 @@ def use_reference_albumentations() -> None:
     swap_train_transform(AUG_CONFIG)
 
 
+class PrivateDraws:
+    """A per-sample transform whose torch draws come from a stream of its own, not the seeded globals."""
+
+    def __init__(self, transform) -> None:
+        import random
+
+        self.transform, self.stream = transform, random.Random()
+
+    def __call__(self, image, sample):
+        torch.manual_seed(self.stream.getrandbits(62))  # the loader's fork_rng restores the global state
+        return self.transform(image, sample)
+
+
+def use_private_draws() -> None:
+    from detrkit.datasets.augmentation import TorchvisionAugmentation
+
+    original = TorchvisionAugmentation.train_transform
+    TorchvisionAugmentation.train_transform = lambda self, *args, **kw: PrivateDraws(original(self, *args, **kw))
+
+
 def use_reference_loader() -> None:
     from detrkit.training.datamodule import RFDETRDataModule
 
@@ -122,7 +147,8 @@ def use_reference_loader() -> None:
 
 
 ARMS = {"baseline": lambda: None, "reference-transform": use_reference_transform,
-        "reference-albumentations": use_reference_albumentations, "reference-loader": use_reference_loader}
+        "reference-albumentations": use_reference_albumentations, "reference-loader": use_reference_loader,
+        "private-draws": use_private_draws}
 
 
 def main() -> None:
