@@ -100,24 +100,26 @@ def reference_train_loader(datamodule) -> ReferenceBatches:
     return ReferenceBatches(reference.train_dataloader())
 
 
-def swap_train_transform(aug_config: dict | None) -> None:
-    """detrkit's training samples made by the reference's per-sample pipeline for aug_config
-    (None: its torchvision one)."""
+def patch_train_transform(make) -> None:
+    """detrkit's training samples made by make(detrkit's own transform, scales, scale_jitter)."""
     from detrkit.datasets.augmentation import TorchvisionAugmentation
 
-    TorchvisionAugmentation.train_transform = (
-        lambda self, scales, square, scale_jitter, keypoint_flip=None: ReferenceTransform(list(scales), scale_jitter,
-                                                                                          aug_config))
+    original = TorchvisionAugmentation.train_transform
+
+    def train_transform(self, scales, square, scale_jitter, keypoint_flip=None):
+        return make(original(self, scales, square, scale_jitter, keypoint_flip), list(scales), scale_jitter)
+
+    TorchvisionAugmentation.train_transform = train_transform
 
 
 def use_reference_transform() -> None:
-    swap_train_transform(None)
+    patch_train_transform(lambda _, scales, scale_jitter: ReferenceTransform(scales, scale_jitter))
 
 
 def use_reference_albumentations() -> None:
     from rfdetr.datasets.aug_configs import AUG_CONFIG
 
-    swap_train_transform(AUG_CONFIG)
+    patch_train_transform(lambda _, scales, scale_jitter: ReferenceTransform(scales, scale_jitter, AUG_CONFIG))
 
 
 class PrivateDraws:
@@ -134,10 +136,7 @@ class PrivateDraws:
 
 
 def use_private_draws() -> None:
-    from detrkit.datasets.augmentation import TorchvisionAugmentation
-
-    original = TorchvisionAugmentation.train_transform
-    TorchvisionAugmentation.train_transform = lambda self, *args, **kw: PrivateDraws(original(self, *args, **kw))
+    patch_train_transform(lambda ours, scales, scale_jitter: PrivateDraws(ours))
 
 
 def use_reference_loader() -> None:

@@ -242,14 +242,16 @@ def main() -> int:
     from detrkit.training.datamodule import RFDETRDataModule
 
     wanted, result = set(args.checks), {}
-    reference = quiet_build(Reference, pretrain_weights=None, device="cpu", resolution=320, num_classes=3)
-    ours = quiet_build(RFDETRNano, pretrain_weights=None, device="cpu", resolution=320, num_classes=3)
+    if wanted & {"init", "param_groups", "first_loss"}:
+        reference = quiet_build(Reference, pretrain_weights=None, device="cpu", resolution=320, num_classes=3)
+        ours = quiet_build(RFDETRNano, pretrain_weights=None, device="cpu", resolution=320, num_classes=3)
     if "init" in wanted:
         result["init"] = init_differences(ours.model.state_dict(), reference.model.model.state_dict())
     if "param_groups" in wanted:
         result["param_groups"] = group_differences(ours, reference, ReferenceTrainConfig(dataset_dir="."))
     root = Path(os.environ.get("TMPDIR", "/tmp")) / "detrkit-parity"
-    data = make_synthetic_dataset(root / "data", num_train=200, num_valid=50, seed=0)
+    if wanted & {"pipeline", "first_loss"}:
+        data = make_synthetic_dataset(root / "data", num_train=200, num_valid=50, seed=0)
     made = pipelines([max(multi_scale_sizes(320, 32, True))])
     if "pipeline" in wanted:
         result["pipeline"] = {f"{name}_{branch}": pipeline_statistics(data, make(jitter))
